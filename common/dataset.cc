@@ -1,0 +1,192 @@
+#include "common/dataset.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/file.h"
+#include "common/sha256.h"
+#include "common/status.h"
+
+namespace shardcast {
+namespace {
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return ParseJson(text, path);
+}
+
+absl::Status CheckFileSize(const std::string& path, uint64_t expected,
+                           uint64_t alternative, absl::string_view what) {
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
+  if (size == expected || size == alternative) return absl::OkStatus();
+  std::string msg = absl::StrCat(path, ": ", size, " bytes, expected ",
+                                 expected, " (", what, ")");
+  if (alternative != expected) {
+    absl::StrAppend(&msg, " or ", alternative, " (a full-size shard)");
+  }
+  absl::StrAppend(&msg, size < expected ? "; the file is short" :
+                                          "; the file is longer than "
+                                          "the metadata describes");
+  return absl::DataLossError(msg);
+}
+
+}  // namespace
+
+absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
+  DatasetInfo info;
+  info.dir = dir;
+  info.dir_name = BaseName(dir);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("dataset directory ", dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, " is not a directory"));
+  }
+  const std::string meta_path = JoinPath(dir, kMetadataFile);
+  ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
+  ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
+  const std::string shards_path = JoinPath(dir, kShardsFile);
+  ASSIGN_OR_RETURN(Json shards, ReadJsonFile(shards_path));
+  RETURN_IF_ERROR(ParseShards(shards, shards_path, &info.desc));
+  info.hash = info.desc.ContentHash();
+  info.hash_matches_dir = info.hash == info.dir_name;
+  info.has_labels = Exists(JoinPath(dir, kLabelsFile));
+  info.has_checksums = Exists(JoinPath(dir, kChecksumsFile));
+  return info;
+}
+
+std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
+  std::vector<absl::Status> problems;
+  const DatasetDesc& d = info.desc;
+  const uint64_t full = static_cast<uint64_t>(d.examples_per_shard) *
+                        d.example_bytes();
+  for (const ShardEntry& s : d.shards) {
+    if (s.n_examples == 0) continue;  // trailing empty entry: file optional
+    const uint64_t exact = static_cast<uint64_t>(s.n_examples) * d.example_bytes();
+    absl::Status st = CheckFileSize(
+        JoinPath(info.dir, s.name), exact, full,
+        absl::StrCat(s.n_examples, " examples x ", d.example_bytes(),
+                     " bytes"));
+    if (!st.ok()) problems.push_back(std::move(st));
+  }
+  if (info.has_labels) {
+    const uint64_t expected =
+        static_cast<uint64_t>(d.n_examples) * static_cast<uint64_t>(d.content_tokens);
+    absl::Status st = CheckFileSize(
+        JoinPath(info.dir, kLabelsFile), expected, expected,
+        absl::StrCat("uint8 [n_examples=", d.n_examples,
+                     ", content_tokens=", d.content_tokens, "]"));
+    if (!st.ok()) problems.push_back(std::move(st));
+  }
+  return problems;
+}
+
+absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir) {
+  ASSIGN_OR_RETURN(DatasetInfo info, ReadDatasetInfo(dir));
+  std::vector<absl::Status> problems = CheckDataFiles(info);
+  if (!problems.empty()) return problems.front();
+  return info;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+ParseChecksums(absl::string_view text, absl::string_view source) {
+  std::vector<std::pair<std::string, std::string>> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (line.empty()) continue;
+    // sha256sum: 64 hex, a space, then ' ' (text) or '*' (binary), then name.
+    if (line.size() < 67 || line[64] != ' ' ||
+        (line[65] != ' ' && line[65] != '*')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": line ", line_no, " is not '<sha256>  <file>': \"", line,
+          "\""));
+    }
+    std::string hex(line.substr(0, 64));
+    for (char& c : hex) {
+      if (!absl::ascii_isxdigit(c)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": line ", line_no, " has a non-hex digest"));
+      }
+      c = absl::ascii_tolower(c);
+    }
+    std::string name(line.substr(66));
+    if (name.find('/') != std::string::npos || name == "." || name == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": line ", line_no, " names \"", name,
+          "\", which is not a file in the dataset directory"));
+    }
+    out.emplace_back(std::move(name), std::move(hex));
+  }
+  return out;
+}
+
+std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
+                                          void (*progress)(uint64_t, uint64_t)) {
+  std::vector<absl::Status> problems;
+  if (!info.has_checksums) return problems;
+  const std::string path = JoinPath(info.dir, kChecksumsFile);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return {text.status()};
+  auto entries = ParseChecksums(*text, path);
+  if (!entries.ok()) return {entries.status()};
+
+  uint64_t total = 0, done = 0;
+  for (const auto& [name, hex] : *entries) {
+    auto size = FileSize(JoinPath(info.dir, name));
+    if (size.ok()) total += *size;
+  }
+  std::vector<char> buffer(8 << 20);
+  for (const auto& [name, hex] : *entries) {
+    const std::string file = JoinPath(info.dir, name);
+    auto fd = OpenFile(file, O_RDONLY);
+    if (!fd.ok()) {
+      problems.push_back(fd.status());
+      continue;
+    }
+    posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    Sha256 h;
+    absl::Status st;
+    uint64_t offset = 0;
+    while (true) {
+      ssize_t n = ::pread(fd->get(), buffer.data(), buffer.size(),
+                          static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        st = ErrnoToStatus(errno, absl::StrCat("read ", file));
+        break;
+      }
+      if (n == 0) break;
+      h.Update(buffer.data(), static_cast<size_t>(n));
+      offset += static_cast<uint64_t>(n);
+      done += static_cast<uint64_t>(n);
+      if (progress != nullptr) progress(done, total);
+    }
+    if (!st.ok()) {
+      problems.push_back(st);
+      continue;
+    }
+    const std::string actual = h.HexDigest();
+    if (actual != hex) {
+      problems.push_back(absl::DataLossError(absl::StrCat(
+          file, ": SHA-256 is ", actual, " but ", kChecksumsFile, " says ",
+          hex)));
+    }
+  }
+  return problems;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,50 @@
+#include "common/sha256.h"
+
+#include <openssl/evp.h>
+
+#include <cstdlib>
+
+namespace shardcast {
+
+struct Sha256::Ctx {
+  EVP_MD_CTX* md = nullptr;
+  ~Ctx() { EVP_MD_CTX_free(md); }
+};
+
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
+  ctx_->md = EVP_MD_CTX_new();
+  // Allocation failure of a few hundred bytes leaves nothing sensible to do.
+  if (ctx_->md == nullptr || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) {
+    std::abort();
+  }
+}
+
+Sha256::Sha256(Sha256&&) noexcept = default;
+Sha256& Sha256::operator=(Sha256&&) noexcept = default;
+Sha256::~Sha256() = default;
+
+void Sha256::Update(const void* data, size_t length) {
+  EVP_DigestUpdate(ctx_->md, data, length);
+}
+
+std::string Sha256::HexDigest() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(ctx_->md, digest, &length);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(length * 2);
+  for (unsigned int i = 0; i < length; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0xF]);
+  }
+  return out;
+}
+
+std::string Sha256Hex(absl::string_view data) {
+  Sha256 h;
+  h.Update(data);
+  return h.HexDigest();
+}
+
+}  // namespace shardcast

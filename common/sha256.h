@@ -1,0 +1,37 @@
+// Incremental SHA-256 (OpenSSL EVP) for content hashes and shard checksums.
+#ifndef SHARDCAST_COMMON_SHA256_H_
+#define SHARDCAST_COMMON_SHA256_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+
+namespace shardcast {
+
+/// Incremental SHA-256. Owns an EVP_MD_CTX; move-only; not thread-safe.
+class Sha256 {
+ public:
+  Sha256();
+  Sha256(Sha256&&) noexcept;
+  Sha256& operator=(Sha256&&) noexcept;
+  ~Sha256();
+
+  void Update(const void* data, size_t length);
+  void Update(absl::string_view data) { Update(data.data(), data.size()); }
+  /// Returns the lowercase hex digest (64 characters). The object may not be
+  /// updated afterwards.
+  std::string HexDigest();
+
+ private:
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+};
+
+/// Lowercase hex SHA-256 of `data`.
+std::string Sha256Hex(absl::string_view data);
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_COMMON_SHA256_H_
