@@ -46,25 +46,26 @@ absl::Status CheckFileSize(const std::string& path, uint64_t expected,
 absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   DatasetInfo info;
   info.dir = dir;
-  info.dir_name = BaseName(dir);
+  while (info.dir.size() > 1 && info.dir.back() == '/') info.dir.pop_back();
+  info.dir_name = BaseName(info.dir);
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("dataset directory ", dir));
+  if (::stat(info.dir.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("dataset directory ", info.dir));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(dir, " is not a directory"));
+        absl::StrCat(info.dir, " is not a directory"));
   }
-  const std::string meta_path = JoinPath(dir, kMetadataFile);
+  const std::string meta_path = JoinPath(info.dir, kMetadataFile);
   ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
   ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
-  const std::string shards_path = JoinPath(dir, kShardsFile);
+  const std::string shards_path = JoinPath(info.dir, kShardsFile);
   ASSIGN_OR_RETURN(Json shards, ReadJsonFile(shards_path));
   RETURN_IF_ERROR(ParseShards(shards, shards_path, &info.desc));
   info.hash = info.desc.ContentHash();
   info.hash_matches_dir = info.hash == info.dir_name;
-  info.has_labels = Exists(JoinPath(dir, kLabelsFile));
-  info.has_checksums = Exists(JoinPath(dir, kChecksumsFile));
+  info.has_labels = Exists(JoinPath(info.dir, kLabelsFile));
+  info.has_checksums = Exists(JoinPath(info.dir, kChecksumsFile));
   return info;
 }
 
