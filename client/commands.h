@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "client/cli_args.h"
+#include "common/cli_args.h"
 
 namespace shardcast {
 
@@ -27,6 +27,18 @@ struct Command {
 /// Commands that work on local dataset directories (synth, write, info,
 /// verify, get).
 std::vector<Command> LocalCommands();
+
+/// Commands that talk to a daemon (ls, info, get, status); `address` and
+/// `options` come from the global --server/--tls-* options.
+struct ClientOptions;
+std::vector<Command> RemoteCommands();
+void SetRemoteTarget(const std::string& address, const ClientOptions& options);
+
+/// Prints vectors as `get` does: rows < 0 means one vector of d floats;
+/// otherwise a [rows, d] matrix. JSON arrays with --json, raw little-endian
+/// float32 with `raw`, else space-separated text. Returns the exit code.
+int PrintVectors(const char* command, const float* v, int64_t rows, int64_t d,
+                 bool json, bool raw);
 
 /// Prints "shardcast <cmd>: error: <message>" to stderr; returns kExitFailure.
 int Fail(const char* command, const std::string& message);

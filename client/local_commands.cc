@@ -423,36 +423,45 @@ int RunGet(const Args& args) {
                         ? (*reader)->ReadLayerSlice(*example, *layer, v.data())
                         : (*reader)->ReadVector(*example, *layer, *token, v.data());
   if (!st.ok()) return Fail(cmd, std::string(st.message()));
-  if (args.Has("raw")) {
+  return PrintVectors(cmd, v.data(), all_tokens ? rows : -1, d.d_model,
+                      args.Has("json"), args.Has("raw"));
+}
+
+}  // namespace
+
+int PrintVectors(const char* command, const float* v, int64_t rows, int64_t d,
+                 bool json, bool raw) {
+  const bool matrix = rows >= 0;
+  const int64_t n = matrix ? rows : 1;
+  if (raw) {
     // Little-endian float32, exactly as stored.
-    if (std::fwrite(v.data(), 4, v.size(), stdout) != v.size()) {
-      return Fail(cmd, "writing to stdout failed");
+    const size_t count = static_cast<size_t>(n * d);
+    if (std::fwrite(v, 4, count, stdout) != count || std::fflush(stdout) != 0) {
+      return Fail(command, "writing to stdout failed");
     }
-    return std::fflush(stdout) == 0 ? kExitOk : Fail(cmd, "writing to stdout failed");
+    return kExitOk;
   }
   std::string out;
-  if (args.Has("json")) {
-    if (!all_tokens) {
-      out = FloatsJson(v.data(), d.d_model);
+  if (json) {
+    if (!matrix) {
+      out = FloatsJson(v, d);
     } else {
       out = "[";
-      for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t t = 0; t < n; ++t) {
         if (t > 0) out += ",\n ";
-        out += FloatsJson(v.data() + t * d.d_model, d.d_model);
+        out += FloatsJson(v + t * d, d);
       }
       out += "]";
     }
   } else {
-    for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t t = 0; t < n; ++t) {
       if (t > 0) out += "\n";
-      out += FloatsText(v.data() + t * d.d_model, d.d_model);
+      out += FloatsText(v + t * d, d);
     }
   }
   std::printf("%s\n", out.c_str());
   return kExitOk;
 }
-
-}  // namespace
 
 int Fail(const char* command, const std::string& message) {
   std::fprintf(stderr, "shardcast %s: error: %s\n", command, message.c_str());

@@ -1,39 +1,78 @@
-// `shardcast`: command-line tool for saev activation datasets.
+// `shardcast`: command-line tool for saev activation datasets, locally or
+// through a shardcastd daemon (--server).
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "client/client.h"
 #include "client/commands.h"
 
 namespace shardcast {
 namespace {
 
-void PrintTopHelp(const std::vector<Command>& commands) {
+const std::vector<OptionSpec> kGlobalOptions = {
+    {"server", "ADDRESS", "talk to shardcastd at unix:/path or host:port"},
+    {"tls-ca", "FILE", "PEM roots to verify a TCP server (enables TLS)"},
+    {"tls-cert", "FILE", "client certificate (mutual TLS)"},
+    {"tls-key", "FILE", "client private key (mutual TLS)"},
+    {"tls-server-name", "NAME", "name to check in the server certificate"},
+};
+
+void PrintTopHelp(const std::vector<Command>& local, const std::vector<Command>& remote) {
   std::printf(
       "shardcast: write, inspect, verify and read saev activation shard "
-      "datasets.\n\n"
-      "Usage: shardcast COMMAND [ARGS] [--json]\n\nCommands:\n");
-  for (const Command& c : commands) {
-    std::printf("  %-8s %s\n", c.name, c.summary);
-  }
+      "datasets,\nlocally or through a shardcastd daemon.\n\n"
+      "Usage: shardcast COMMAND [ARGS] [--json]\n"
+      "       shardcast --server ADDRESS [--tls-ca F ...] COMMAND [ARGS] [--json]\n\n"
+      "Local commands:\n");
+  for (const Command& c : local) std::printf("  %-8s %s\n", c.name, c.summary);
+  std::printf("\nDaemon commands (with --server):\n");
+  for (const Command& c : remote) std::printf("  %-8s %s\n", c.name, c.summary);
+  std::printf("\nGlobal %s", FormatOptions(kGlobalOptions).c_str());
   std::printf(
-      "\nRun `shardcast COMMAND --help` for a command's options. Commands that "
-      "print data accept --json.\nExit status: 0 success, 1 failure or "
-      "problems found (details on stderr), 2 usage error.\n");
+      "\nRun `shardcast [--server A] COMMAND --help` for a command's options. "
+      "Commands that print data accept --json.\nExit status: 0 success, 1 "
+      "failure or problems found (details on stderr), 2 usage error.\n");
 }
 
 int Main(int argc, char** argv) {
-  std::vector<Command> commands = LocalCommands();
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 ||
-      std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "help") == 0) {
-    PrintTopHelp(commands);
-    return argc < 2 ? kExitUsage : kExitOk;
+  std::vector<Command> local = LocalCommands();
+  std::vector<Command> remote = RemoteCommands();
+  // Global options come before the command.
+  std::vector<std::string> global;
+  int i = 1;
+  while (i < argc && absl::StartsWith(argv[i], "--") && std::strcmp(argv[i], "--help") != 0) {
+    global.push_back(argv[i]);
+    if (std::strchr(argv[i], '=') == nullptr && i + 1 < argc) global.push_back(argv[++i]);
+    ++i;
   }
-  const std::string name = argv[1];
+  auto globals = Args::Parse(global, kGlobalOptions);
+  if (!globals.ok()) {
+    std::fprintf(stderr, "shardcast: %s (see shardcast --help)\n",
+                 std::string(globals.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (i >= argc || std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
+      std::strcmp(argv[i], "help") == 0) {
+    PrintTopHelp(local, remote);
+    return i >= argc ? kExitUsage : kExitOk;
+  }
+  const bool with_server = globals->Has("server");
+  if (with_server) {
+    ClientOptions options;
+    options.tls_ca_file = globals->Get("tls-ca");
+    options.tls_cert_file = globals->Get("tls-cert");
+    options.tls_key_file = globals->Get("tls-key");
+    options.tls_server_name = globals->Get("tls-server-name");
+    SetRemoteTarget(globals->Get("server"), options);
+  }
+  const std::vector<Command>& commands = with_server ? remote : local;
+  const std::string name = argv[i];
   for (const Command& c : commands) {
     if (name != c.name) continue;
-    std::vector<std::string> rest(argv + 2, argv + argc);
+    std::vector<std::string> rest(argv + i + 1, argv + argc);
     for (const std::string& a : rest) {
       if (a == "--help" || a == "-h") {
         std::printf("Usage: shardcast %s\n\n%s\n\n%s", c.usage, c.details,
@@ -48,6 +87,15 @@ int Main(int argc, char** argv) {
       return kExitUsage;
     }
     return c.run(*args);
+  }
+  const std::vector<Command>& other = with_server ? local : remote;
+  for (const Command& c : other) {
+    if (name == c.name) {
+      std::fprintf(stderr, "shardcast: '%s' %s\n", name.c_str(),
+                   with_server ? "works on local files; drop --server"
+                               : "talks to a daemon; add --server ADDRESS");
+      return kExitUsage;
+    }
   }
   std::fprintf(stderr, "shardcast: unknown command '%s' (see shardcast --help)\n",
                name.c_str());

@@ -2,8 +2,8 @@
 // options with help text, "--name value" / "--name=value" / "--flag", and
 // positional arguments. A value that starts with '-' (like a negative layer)
 // is taken as the value of the option before it.
-#ifndef SHARDCAST_CLIENT_CLI_ARGS_H_
-#define SHARDCAST_CLIENT_CLI_ARGS_H_
+#ifndef SHARDCAST_COMMON_CLI_ARGS_H_
+#define SHARDCAST_COMMON_CLI_ARGS_H_
 
 #include <cstdint>
 #include <map>
@@ -51,4 +51,4 @@ std::string FormatOptions(const std::vector<OptionSpec>& specs);
 
 }  // namespace shardcast
 
-#endif  // SHARDCAST_CLIENT_CLI_ARGS_H_
+#endif  // SHARDCAST_COMMON_CLI_ARGS_H_

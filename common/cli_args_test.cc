@@ -1,4 +1,4 @@
-#include "client/cli_args.h"
+#include "common/cli_args.h"
 
 #include "gtest/gtest.h"
 

@@ -1,0 +1,238 @@
+#include "server/grpc_services.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/metadata.h"
+#include "common/status.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "proto/grpc_status.h"
+#include "server/log.h"
+
+namespace shardcast {
+namespace {
+
+constexpr char kQueryPrefix[] = "/shardcast.v1.Query/";
+
+template <typename Message>
+absl::Status ParseRequest(grpc::ByteBuffer* buffer, Message* message) {
+  grpc::Status st = grpc::SerializationTraits<Message>::Deserialize(buffer, message);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed ", Message::descriptor()->full_name(),
+                     " request: ", st.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+void AppendVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// Vectors reply: protobuf header (shape) + field 15 (bytes) appended by hand,
+// its payload handed to gRPC as a slice that free()s it when sent.
+grpc::ByteBuffer VectorsReply(VectorsResult result) {
+  v1::Vectors header;
+  for (int64_t s : result.shape) header.add_shape(s);
+  std::string head = header.SerializeAsString();
+  constexpr uint8_t kDataTag = (15 << 3) | 2;  // field 15, length-delimited
+  head.push_back(static_cast<char>(kDataTag));
+  AppendVarint(head, result.data.size());
+  const size_t size = result.data.size();
+  grpc::Slice slices[2] = {
+      grpc::Slice(head),
+      grpc::Slice(result.data.Release(), size, std::free),
+  };
+  return grpc::ByteBuffer(slices, 2);
+}
+
+template <typename Message>
+grpc::ByteBuffer ProtoReply(const Message& message) {
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  grpc::SerializationTraits<Message>::Serialize(message, &buffer, &own);
+  return buffer;
+}
+
+// One unary Query call: read the request, run it on the worker pool, write
+// the reply and finish. Deletes itself in OnDone.
+class QueryReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  QueryReactor(const QueryService* service, grpc::GenericCallbackServerContext* ctx)
+      : service_(service), method_(ctx->method()) {
+    service_->metrics()->calls_total++;
+    service_->metrics()->calls_in_flight++;
+    LogDebug("call ", method_, " from ", ctx->peer());
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      FinishWith(absl::InvalidArgumentError(
+          absl::StrCat(method_, ": the client sent no request message")));
+      return;
+    }
+    service_->pool()->Submit([this] { Run(); });
+  }
+
+  void OnWriteDone(bool /*ok*/) override {}
+
+  void OnDone() override {
+    service_->metrics()->calls_in_flight--;
+    delete this;
+  }
+
+ private:
+  void Run() {
+    absl::StatusOr<grpc::ByteBuffer> reply = Dispatch();
+    if (!reply.ok()) {
+      FinishWith(reply.status());
+      return;
+    }
+    reply_ = std::move(*reply);
+    service_->metrics()->bytes_served += reply_.Length();
+    service_->metrics()->CallDone(absl::StatusCode::kOk);
+    StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  absl::StatusOr<grpc::ByteBuffer> Dispatch() {
+    const QueryEngine* engine = service_->engine();
+    const std::string name = method_.substr(sizeof(kQueryPrefix) - 1);
+    if (name == "GetVectors") {
+      v1::GetVectorsRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      std::vector<Coord> coords;
+      coords.reserve(static_cast<size_t>(req.coordinates_size()));
+      for (const v1::Coordinate& c : req.coordinates()) {
+        coords.push_back({c.example(), c.layer(), c.token()});
+      }
+      ASSIGN_OR_RETURN(VectorsResult r, engine->GetVectors(req.dataset(), coords));
+      return VectorsReply(std::move(r));
+    }
+    if (name == "GetExample") {
+      v1::GetExampleRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      std::optional<int64_t> layer;
+      if (req.has_layer()) layer = req.layer();
+      ASSIGN_OR_RETURN(VectorsResult r,
+                       engine->GetExample(req.dataset(), req.example(), layer));
+      return VectorsReply(std::move(r));
+    }
+    if (name == "GetLabels") {
+      v1::GetLabelsRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      ASSIGN_OR_RETURN(std::string labels,
+                       engine->GetLabels(req.dataset(), req.example()));
+      v1::Labels reply;
+      reply.set_example(req.example());
+      reply.set_labels(std::move(labels));
+      return ProtoReply(reply);
+    }
+    return absl::UnimplementedError(absl::StrCat("unknown method ", method_));
+  }
+
+  void FinishWith(const absl::Status& status) {
+    service_->metrics()->CallDone(status.code());
+    LogDebug("call ", method_, " failed: ", status.ToString());
+    Finish(ToGrpcStatus(status));
+  }
+
+  const QueryService* service_;
+  const std::string method_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer reply_;
+};
+
+// Methods that are not ours get UNIMPLEMENTED without touching the pool.
+class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit UnimplementedReactor(const std::string& method) {
+    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat("unknown method ", method)));
+  }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
+    grpc::GenericCallbackServerContext* ctx) {
+  if (ctx->method().rfind(kQueryPrefix, 0) != 0) {
+    return new UnimplementedReactor(ctx->method());
+  }
+  return new QueryReactor(this, ctx);
+}
+
+void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
+  out->set_id(entry.id);
+  out->set_ok(entry.status.ok());
+  out->set_error(std::string(entry.status.message()));
+  if (!entry.info.has_value()) return;
+  const DatasetInfo& info = *entry.info;
+  const DatasetDesc& d = info.desc;
+  out->set_protocol(d.protocol);
+  out->set_variant(std::string(VariantName(d.variant)));
+  for (int64_t l : d.layers) out->add_layers(l);
+  out->set_content_tokens(d.content_tokens);
+  out->set_cls_token(d.cls_token);
+  out->set_tokens_per_example(d.tokens_per_example);
+  out->set_d_model(d.d_model);
+  out->set_n_examples(d.n_examples);
+  out->set_examples_per_shard(d.examples_per_shard);
+  out->set_num_shards(d.num_data_shards());
+  out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
+  out->set_has_labels(info.has_labels);
+  out->set_hash_matches_dir(info.hash_matches_dir);
+  for (const std::string& w : d.warnings) out->add_warnings(w);
+}
+
+grpc::ServerUnaryReactor* AdminService::Done(grpc::CallbackServerContext* ctx,
+                                             const absl::Status& status) {
+  metrics_->calls_total++;
+  metrics_->CallDone(status.code());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListDatasets(
+    grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest*,
+    v1::ListDatasetsResponse* response) {
+  for (const auto& entry : catalog_->List()) {
+    FillDatasetInfo(*entry, response->add_datasets());
+  }
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::DescribeDataset(
+    grpc::CallbackServerContext* ctx, const v1::DescribeDatasetRequest* request,
+    v1::DatasetInfo* response) {
+  auto entry = catalog_->Find(request->dataset());
+  if (!entry.ok()) return Done(ctx, entry.status());
+  FillDatasetInfo(**entry, response);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                  const v1::GetStatusRequest*,
+                                                  v1::ServerStatus* response) {
+  response->set_version("0.1.0");
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - metrics_->start_time));
+  response->set_connected_clients(metrics_->calls_in_flight.load());
+  response->set_calls_total(metrics_->calls_total.load() + 1);  // this one too
+  response->set_calls_failed(metrics_->CallsFailed());
+  response->set_bytes_served(metrics_->bytes_served.load());
+  response->set_bytes_read_from_disk(metrics_->bytes_read_from_disk.load());
+  response->set_memory_rss_bytes(ResidentBytes());
+  response->set_datasets_ok(metrics_->datasets_ok.load());
+  response->set_datasets_failed(metrics_->datasets_failed.load());
+  return Done(ctx, absl::OkStatus());
+}
+
+}  // namespace shardcast
