@@ -13,7 +13,7 @@ packages=(
   # Python tests and the Python package (Debian's /usr/bin/python3)
   python3 python3-numpy python3-pytest python3-grpcio python3-protobuf
   # benchmarks and tests: sha256sum (coreutils), fio, vmtouch
-  coreutils fio vmtouch
+  coreutils openssl fio vmtouch
 )
 
 if [[ $(id -u) -ne 0 ]]; then

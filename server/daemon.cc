@@ -215,7 +215,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   d->Rescan();
   d->engine = std::make_unique<QueryEngine>(d->catalog.get(), &d->metrics, options.limits);
   d->pool = std::make_unique<WorkerPool>(options.query_threads);
-  d->query_service = std::make_unique<QueryService>(d->engine.get(), d->pool.get(), &d->metrics);
+  d->query_service = std::make_unique<QueryService>(d->engine.get(), d->pool.get(),
+                                                    &d->metrics, &d->serving);
   d->admin_service = std::make_unique<AdminService>(d->catalog.get(), &d->metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -280,10 +281,20 @@ void Daemon::Shutdown() {
   LogInfo("shutting down: not accepting new calls, ",
           d->metrics.calls_in_flight.load(), " in flight, grace ",
           absl::FormatDuration(d->options.shutdown_grace));
+  // Drain: new calls are refused (UNAVAILABLE), calls in flight get up to
+  // the grace period, then whatever is left is cancelled. Shutdown(deadline)
+  // alone would also wait out the deadline for idle client connections.
   d->serving = false;
   d->server->GetHealthCheckService()->SetServingStatus(false);
-  d->server->Shutdown(std::chrono::system_clock::now() +
-                      absl::ToChronoSeconds(d->options.shutdown_grace));
+  const absl::Time drain_end = absl::Now() + d->options.shutdown_grace;
+  while (d->metrics.calls_in_flight.load() > 0 && absl::Now() < drain_end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (d->metrics.calls_in_flight.load() > 0) {
+    LogWarning("grace period over: cancelling ", d->metrics.calls_in_flight.load(),
+               " call(s) in flight");
+  }
+  d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
   d->pool.reset();  // runs what is queued; their reactors are already done
   if (d->http != nullptr) {

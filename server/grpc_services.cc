@@ -149,13 +149,11 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer reply_;
 };
 
-// Methods that are not ours get UNIMPLEMENTED without touching the pool.
-class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
+// Calls refused before any work: unknown methods, or arriving while the
+// daemon drains for shutdown.
+class RefusingReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit UnimplementedReactor(const std::string& method) {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        absl::StrCat("unknown method ", method)));
-  }
+  explicit RefusingReactor(grpc::Status status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -164,7 +162,13 @@ class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
 grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
   if (ctx->method().rfind(kQueryPrefix, 0) != 0) {
-    return new UnimplementedReactor(ctx->method());
+    return new RefusingReactor(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", ctx->method())));
+  }
+  if (!serving_->load()) {
+    metrics_->CallDone(absl::StatusCode::kUnavailable);
+    return new RefusingReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                            "shardcastd is shutting down"));
   }
   return new QueryReactor(this, ctx);
 }

@@ -24,8 +24,11 @@ namespace shardcast {
 /// `pool`, never on gRPC callback threads. Thread-safe.
 class QueryService final : public grpc::CallbackGenericService {
  public:
-  QueryService(const QueryEngine* engine, WorkerPool* pool, Metrics* metrics)
-      : engine_(engine), pool_(pool), metrics_(metrics) {}
+  /// `serving` is read on every call: while false (draining for shutdown)
+  /// new calls get UNAVAILABLE.
+  QueryService(const QueryEngine* engine, WorkerPool* pool, Metrics* metrics,
+               const std::atomic<bool>* serving)
+      : engine_(engine), pool_(pool), metrics_(metrics), serving_(serving) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override;
@@ -38,6 +41,7 @@ class QueryService final : public grpc::CallbackGenericService {
   const QueryEngine* engine_;
   WorkerPool* pool_;
   Metrics* metrics_;
+  const std::atomic<bool>* serving_;
 };
 
 /// shardcast.v1.Admin: list/describe datasets and daemon status. Answers from

@@ -1,0 +1,485 @@
+// Integration tests: a real shardcastd process on a temporary Unix socket,
+// driven through the C++ client library. Expected vectors come from the
+// synthetic generator's formula evaluated at the protocol offsets, not from
+// the reader or the daemon.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/file.h"
+#include "common/synth.h"
+#include "common/writer.h"
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace {
+
+constexpr uint64_t kSeed = 11;
+
+std::string MakeTempDir() {
+  std::string tmpl = JoinPath(::testing::TempDir(), "shardcastd_test_XXXXXX");
+  char* dir = ::mkdtemp(tmpl.data());
+  EXPECT_NE(dir, nullptr);
+  return tmpl;
+}
+
+// Writes a dataset whose element i of [N, L, T, D] is SynthValue(seed, i).
+std::string WriteDataset(const std::string& root, std::vector<int64_t> layers,
+                         int64_t content, bool cls, int64_t d, int64_t n,
+                         int64_t budget, bool labels, uint64_t seed) {
+  WriterOptions o;
+  o.root = root;
+  o.layers = std::move(layers);
+  o.content_tokens = content;
+  o.cls_token = cls;
+  o.d_model = d;
+  o.n_examples = n;
+  o.token_budget = budget;
+  o.with_labels = labels;
+  o.data = absl::StrCat("seed=", seed);
+  auto w = DatasetWriter::Create(o);
+  EXPECT_TRUE(w.ok()) << w.status();
+  const int64_t per_example = static_cast<int64_t>(o.layers.size()) *
+                              (content + (cls ? 1 : 0)) * d;
+  std::vector<float> values(static_cast<size_t>(n * per_example));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = SynthValue(seed, i);
+  EXPECT_TRUE((*w)->Append(values.data(), values.size() * 4).ok());
+  if (labels) {
+    std::vector<uint8_t> l(static_cast<size_t>(n * content));
+    for (size_t i = 0; i < l.size(); ++i) l[i] = SynthLabel(seed, i);
+    EXPECT_TRUE((*w)->AppendLabels(l.data(), l.size()).ok());
+  }
+  auto r = (*w)->Finish();
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r->hash;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A shardcastd child process.
+class DaemonProcess {
+ public:
+  DaemonProcess(const std::vector<std::string>& args, const std::string& log)
+      : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 2);
+      ::dup2(fd, 1);
+      std::vector<char*> argv;
+      std::string bin = SHARDCASTD_BIN;
+      argv.push_back(bin.data());
+      std::vector<std::string> copy = args;
+      for (std::string& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(bin.c_str(), argv.data());
+      ::_exit(127);
+    }
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Waits up to `timeout` for exit; returns the wait status or -1.
+  int WaitExit(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  std::string log() const { return ReadAll(log_); }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    root_ = JoinPath(dir_, "root");
+    ASSERT_EQ(::mkdir(root_.c_str(), 0755), 0);
+    // 40 examples, T = 17, L = 2, budget 700 -> 20 examples per shard, 2 shards.
+    main_id_ = WriteDataset(root_, {-2, 6}, 16, true, 32, 40, 700, true, kSeed);
+    nolabels_id_ = WriteDataset(root_, {3}, 8, false, 16, 10, 100, false, kSeed + 1);
+    const std::string bad = JoinPath(root_, "badbadbad");
+    ASSERT_EQ(::mkdir(bad.c_str(), 0755), 0);
+    std::ofstream(JoinPath(bad, "metadata.json")) << "{not json";
+    socket_ = JoinPath(dir_, "run/shardcastd.sock");
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    RemoveTree(dir_).IgnoreError();
+  }
+
+  std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> extra = {},
+                                             const std::string& socket = "") {
+    const std::string sock = socket.empty() ? socket_ : socket;
+    std::vector<std::string> args = {"--root", root_, "--listen", "unix:" + sock,
+                                     "--log-level", "debug", "--grace-seconds", "5"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto p = std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
+    for (int i = 0; i < 500; ++i) {
+      struct stat st;
+      if (::stat(sock.c_str(), &st) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return p;
+  }
+
+  std::unique_ptr<Client> Connect() {
+    auto c = Client::Connect("unix:" + socket_);
+    EXPECT_TRUE(c.ok()) << c.status() << "\n" << ReadAll(JoinPath(dir_, "daemon.log"));
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // Expected value of (e, layer index li, token t, dim k) of the main dataset.
+  static float Expected(int64_t e, int64_t li, int64_t t, int64_t k) {
+    constexpr int64_t L = 2, T = 17, D = 32;
+    return SynthValue(kSeed, static_cast<uint64_t>(((e * L + li) * T + t) * D + k));
+  }
+
+  std::string dir_, root_, socket_, main_id_, nolabels_id_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(DaemonTest, ListsServedAndRejectedDatasets) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto list = client->ListDatasets();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 3u);
+  int ok = 0;
+  for (const auto& d : *list) {
+    if (d.id() == main_id_) {
+      ++ok;
+      EXPECT_TRUE(d.ok());
+      EXPECT_EQ(d.tokens_per_example(), 17);
+      EXPECT_EQ(d.d_model(), 32);
+      EXPECT_EQ(d.n_examples(), 40);
+      EXPECT_EQ(d.examples_per_shard(), 700 / (17 * 2));
+      EXPECT_EQ(d.num_shards(), 2);
+      EXPECT_TRUE(d.has_labels());
+      EXPECT_TRUE(d.hash_matches_dir());
+    } else if (d.id() == "badbadbad") {
+      EXPECT_FALSE(d.ok());
+      EXPECT_NE(d.error().find("metadata.json"), std::string::npos) << d.error();
+    }
+  }
+  EXPECT_EQ(ok, 1);
+  auto described = client->DescribeDataset(main_id_.substr(0, 10));
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->id(), main_id_);
+}
+
+TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::mt19937_64 rng(5);
+  std::vector<VectorCoord> coords;
+  std::vector<int64_t> layer_index;
+  const int64_t layers[] = {-2, 6};
+  for (int i = 0; i < 300; ++i) {
+    const int64_t li = static_cast<int64_t>(rng() % 2);
+    coords.push_back({static_cast<int64_t>(rng() % 40), layers[li],
+                      static_cast<int64_t>(rng() % 17)});
+    layer_index.push_back(li);
+  }
+  auto block = client->GetVectors(main_id_, coords);
+  ASSERT_TRUE(block.ok()) << block.status();
+  ASSERT_EQ(block->shape, (std::vector<int64_t>{300, 32}));
+  for (size_t i = 0; i < coords.size(); ++i) {
+    for (int64_t k = 0; k < 32; ++k) {
+      ASSERT_EQ(block->values[i * 32 + static_cast<size_t>(k)],
+                Expected(coords[i].example, layer_index[i], coords[i].token, k))
+          << "coordinate " << i;
+    }
+  }
+  // Whole example, one layer ([T, D]) and all layers ([L, T, D]).
+  auto one = client->GetExample(main_id_, 39, 6);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->shape, (std::vector<int64_t>{17, 32}));
+  EXPECT_EQ(one->values[5 * 32 + 7], Expected(39, 1, 5, 7));
+  auto all = client->GetExample(main_id_, 21, std::nullopt);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->shape, (std::vector<int64_t>{2, 17, 32}));
+  for (int64_t li = 0; li < 2; ++li) {
+    for (int64_t t = 0; t < 17; ++t) {
+      ASSERT_EQ(all->values[static_cast<size_t>((li * 17 + t) * 32 + 31)],
+                Expected(21, li, t, 31));
+    }
+  }
+  auto labels = client->GetLabels(main_id_, 33);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  ASSERT_EQ(labels->size(), 16u);
+  for (int t = 0; t < 16; ++t) {
+    EXPECT_EQ(static_cast<uint8_t>((*labels)[t]), SynthLabel(kSeed, 33 * 16 + t));
+  }
+}
+
+TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
+  daemon_ = StartDaemon({"--max-vectors-per-call", "16"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto code = [](const auto& r) { return r.status().code(); };
+  EXPECT_EQ(code(client->GetVectors("0123456789abcdef", {{0, 6, 0}})),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(code(client->GetVectors(main_id_.substr(0, 4), {{0, 6, 0}})),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(client->GetVectors(main_id_, {{40, 6, 0}})),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 6, 17}})),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 7, 0}})),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(client->GetVectors(main_id_, std::vector<VectorCoord>(17))),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(code(client->GetVectors("badbadbad", {{0, 6, 0}})),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(client->GetLabels(nolabels_id_, 0)), absl::StatusCode::kNotFound);
+  auto bad_layer = client->GetVectors(main_id_, {{1, 6, 1}, {0, 99, 0}});
+  EXPECT_NE(std::string(bad_layer.status().message()).find("coordinates[1]"),
+            std::string::npos)
+      << bad_layer.status();
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_GE(status->calls_failed(), 8u);
+}
+
+TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string shard = JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
+  ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
+  auto r = client->GetVectors(main_id_, {{30, 6, 3}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"), std::string::npos);
+  // Shard 0 is intact and so is the daemon.
+  auto ok = client->GetVectors(main_id_, {{3, 6, 3}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->values[0], Expected(3, 1, 3, 0));
+  EXPECT_TRUE(client->GetVectors(nolabels_id_, {{0, 3, 0}}).ok());
+}
+
+TEST_F(DaemonTest, ConcurrentClientsAllGetCorrectVectors) {
+  daemon_ = StartDaemon({"--query-threads", "3"});
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0}, failed{0};
+  for (int c = 0; c < 8; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = Client::Connect("unix:" + socket_);
+      if (!client.ok()) {
+        failed++;
+        return;
+      }
+      std::mt19937_64 rng(100 + c);
+      for (int i = 0; i < 40; ++i) {
+        const int64_t e = static_cast<int64_t>(rng() % 40);
+        const int64_t t = static_cast<int64_t>(rng() % 17);
+        auto r = (*client)->GetVectors(main_id_, {{e, -2, t}});
+        if (!r.ok()) {
+          failed++;
+        } else if (r->values[9] != Expected(e, 0, t, 9)) {
+          wrong++;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST_F(DaemonTest, SighupRescansTheRoots) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string added = WriteDataset(root_, {1}, 4, false, 8, 3, 100, false, 99);
+  EXPECT_EQ(client->DescribeDataset(added).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    seen = client->DescribeDataset(added).ok();
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(seen) << daemon_->log();
+}
+
+TEST_F(DaemonTest, SigtermExitsZeroAndRemovesTheSocket) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->GetVectors(main_id_, {{0, 6, 0}}).ok());
+  ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
+  const int status = daemon_->WaitExit(std::chrono::seconds(10));
+  ASSERT_NE(status, -1) << "daemon did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  struct stat st;
+  EXPECT_NE(::stat(socket_.c_str(), &st), 0) << "socket file left behind";
+}
+
+TEST_F(DaemonTest, SecondDaemonOnTheSameSocketRefuses) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  DaemonProcess second({"--root", root_, "--listen", "unix:" + socket_},
+                       JoinPath(dir_, "second.log"));
+  const int status = second.WaitExit(std::chrono::seconds(10));
+  ASSERT_NE(status, -1);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "second.log")).find("another shardcastd"),
+            std::string::npos);
+  EXPECT_TRUE(client->GetVectors(main_id_, {{0, 6, 0}}).ok());
+}
+
+TEST_F(DaemonTest, SocketIsGroupOnly) {
+  daemon_ = StartDaemon();
+  ASSERT_NE(Connect(), nullptr);
+  struct stat st;
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
+  DaemonProcess refused({"--root", root_, "--listen-tcp", "0.0.0.0:0"},
+                        JoinPath(dir_, "tcp.log"));
+  const int status = refused.WaitExit(std::chrono::seconds(10));
+  ASSERT_NE(status, -1);
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "tcp.log")).find("--tls-cert"), std::string::npos);
+  // Loopback is allowed without TLS.
+  DaemonProcess loopback({"--root", root_, "--listen-tcp", "127.0.0.1:0"},
+                         JoinPath(dir_, "loopback.log"));
+  std::string log;
+  for (int i = 0; i < 300; ++i) {
+    log = ReadAll(JoinPath(dir_, "loopback.log"));
+    if (log.find("listening on 127.0.0.1:") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(log.find("listening on 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_EQ(loopback.WaitExit(std::chrono::milliseconds(50)), -1) << "exited early";
+  ::kill(loopback.pid(), SIGTERM);
+  EXPECT_NE(loopback.WaitExit(std::chrono::seconds(10)), -1);
+}
+
+// Makes a CA, a server certificate for localhost/127.0.0.1 and a client
+// certificate in `dir` with the openssl CLI.
+bool MakeCertificates(const std::string& dir) {
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir, "; ",
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+      "-subj /CN=shardcast-test-ca 2>/dev/null; ",
+      "for who in server client; do ",
+      "openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr "
+      "-subj /CN=localhost 2>/dev/null; ",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > $who.ext; ",
+      "openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out $who.pem -days 1 -extfile $who.ext 2>/dev/null; done");
+  const std::string path = JoinPath(dir, "make_certs.sh");
+  std::ofstream(path) << script << "\n";
+  return std::system(absl::StrCat("bash ", path).c_str()) == 0;
+}
+
+// Starts a TCP daemon and returns its port parsed from the log (0 if none).
+int WaitForTcpPort(const std::string& log_path) {
+  for (int i = 0; i < 500; ++i) {
+    const std::string log = ReadAll(log_path);
+    const size_t at = log.find("listening on 127.0.0.1:");
+    if (at != std::string::npos) {
+      return std::atoi(log.c_str() + at + std::strlen("listening on 127.0.0.1:"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+TEST_F(DaemonTest, TlsListenerServesClientsThatTrustItsCa) {
+  ASSERT_TRUE(MakeCertificates(dir_));
+  DaemonProcess tls({"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
+                     JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key")},
+                    JoinPath(dir_, "tls.log"));
+  const int port = WaitForTcpPort(JoinPath(dir_, "tls.log"));
+  ASSERT_GT(port, 0) << ReadAll(JoinPath(dir_, "tls.log"));
+  ClientOptions options;
+  options.tls_ca_file = JoinPath(dir_, "ca.pem");
+  options.tls_server_name = "localhost";
+  auto client = Client::Connect(absl::StrCat("127.0.0.1:", port), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto r = (*client)->GetVectors(main_id_, {{2, 6, 4}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[0], Expected(2, 1, 4, 0));
+  // A plaintext client cannot talk to the TLS port.
+  ClientOptions plain;
+  plain.connect_timeout_seconds = 1;
+  EXPECT_FALSE(Client::Connect(absl::StrCat("127.0.0.1:", port), plain).ok());
+  ::kill(tls.pid(), SIGTERM);
+  EXPECT_NE(tls.WaitExit(std::chrono::seconds(10)), -1);
+}
+
+TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
+  ASSERT_TRUE(MakeCertificates(dir_));
+  DaemonProcess mtls({"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
+                      JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key"),
+                      "--tls-client-ca", JoinPath(dir_, "ca.pem")},
+                     JoinPath(dir_, "mtls.log"));
+  const int port = WaitForTcpPort(JoinPath(dir_, "mtls.log"));
+  ASSERT_GT(port, 0) << ReadAll(JoinPath(dir_, "mtls.log"));
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  ClientOptions with_cert;
+  with_cert.tls_ca_file = JoinPath(dir_, "ca.pem");
+  with_cert.tls_cert_file = JoinPath(dir_, "client.pem");
+  with_cert.tls_key_file = JoinPath(dir_, "client.key");
+  with_cert.tls_server_name = "localhost";
+  auto good = Client::Connect(address, with_cert);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->ListDatasets().ok());
+  ClientOptions no_cert = with_cert;
+  no_cert.tls_cert_file.clear();
+  no_cert.tls_key_file.clear();
+  no_cert.connect_timeout_seconds = 2;
+  auto bad = Client::Connect(address, no_cert);
+  if (bad.ok()) {
+    EXPECT_FALSE((*bad)->ListDatasets().ok()) << "served a client without a certificate";
+  }
+  ::kill(mtls.pid(), SIGTERM);
+  EXPECT_NE(mtls.WaitExit(std::chrono::seconds(10)), -1);
+}
+
+}  // namespace
+}  // namespace shardcast
