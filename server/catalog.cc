@@ -13,6 +13,17 @@
 namespace shardcast {
 
 std::pair<int64_t, int64_t> Catalog::Rescan() {
+  std::shared_ptr<const Snapshot> previous;
+  {
+    absl::MutexLock lock(&mu_);
+    previous = snapshot_;
+  }
+  // Log only what changed since the last scan (a rescan of 1000 datasets
+  // should not print 1000 lines).
+  auto was = [&previous](const std::string& id) -> const CatalogEntry* {
+    auto it = previous->find(id);
+    return it == previous->end() ? nullptr : it->second.get();
+  };
   auto next = std::make_shared<Snapshot>();
   int64_t ok = 0, failed = 0;
   for (const std::string& root : roots_) {
@@ -49,6 +60,12 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
       if (reader.ok()) {
         entry->reader = std::move(*reader);
         const DatasetDesc& dd = entry->reader->desc();
+        ++ok;
+        const CatalogEntry* before = was(name);
+        if (before != nullptr && before->status.ok()) {
+          (*next)[name] = std::move(entry);
+          continue;
+        }
         for (const std::string& w : dd.warnings) LogWarning(w);
         if (!entry->info->hash_matches_dir) {
           LogWarning("dataset ", dir, ": directory name does not match the "
@@ -57,14 +74,19 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
         LogInfo("dataset ", name, " loaded: protocol ", dd.protocol, ", ",
                 dd.n_examples, " examples, layers ", dd.num_layers(), ", T ",
                 dd.tokens_per_example, ", D ", dd.d_model);
-        ++ok;
       } else {
         entry->status = reader.status();
-        LogWarning("dataset ", dir, " rejected: ", entry->status.message());
+        const CatalogEntry* before = was(name);
+        if (before == nullptr || before->status != entry->status) {
+          LogWarning("dataset ", dir, " rejected: ", entry->status.message());
+        }
         ++failed;
       }
       (*next)[name] = std::move(entry);
     }
+  }
+  for (const auto& [id, entry] : *previous) {
+    if (next->count(id) == 0) LogInfo("dataset ", id, " is gone from ", entry->dir);
   }
   absl::MutexLock lock(&mu_);
   snapshot_ = std::move(next);
