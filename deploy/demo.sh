@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a small generated dataset: installs dependencies, builds,
-# writes a synthetic dataset with the crash-safe writer, then inspects,
-# verifies and reads it back, printing throughput.
+# writes a synthetic dataset with the crash-safe writer, inspects, verifies
+# and reads it back, then serves it with shardcastd and queries the daemon,
+# printing throughput.
 #
 #   bash deploy/demo.sh            # data under /tmp/shardcast-demo
 #   SHARDCAST_DEMO_DIR=/scratch/x bash deploy/demo.sh
@@ -33,4 +34,32 @@ end=$(date +%s.%N)
 echo "== get: example 95, layer -2, CLS token (first values of 768) =="
 vec=$($sc get "$path" --example 95 --layer -2 --token 0 --json)
 echo "${vec:0:100} ..."
+echo "== shardcastd: serve $root on a Unix socket =="
+sock="${root}-run/shardcastd.sock"
+build/shardcastd --root "$root" --listen "unix:$sock" --http 127.0.0.1:0 \
+  2> "$root/shardcastd.log" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.1; done
+$sc --server "unix:$sock" ls
+echo "== 20 single-vector queries through the daemon with the CLI =="
+id=$(basename "$path")
+/usr/bin/python3 - "$sc" "$sock" "$id" <<'PY'
+import json, random, subprocess, sys, time
+sc, sock, ident = sys.argv[1:]
+# The CLI gets one vector per call; time a few to show the round trip.
+t0 = time.time()
+for i in range(20):
+    subprocess.run([sc, "--server", "unix:" + sock, "get", ident[:12], "--example",
+                    str(random.randrange(96)), "--layer", "12", "--token",
+                    str(random.randrange(257)), "--raw"], check=True,
+                   stdout=subprocess.DEVNULL)
+dt = time.time() - t0
+print(f"20 CLI get calls (process start + connect + query) in {dt:.2f} s, "
+      f"{dt / 20 * 1000:.1f} ms each")
+PY
+$sc --server "unix:$sock" status
+kill -TERM $daemon
+wait $daemon && echo "shardcastd exited 0 after SIGTERM"
+trap - EXIT
 echo "demo: ok"
