@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
       ASSIGN_OR_RETURN(fd, OpenFile(JoinPath(reader->info_.dir, s.name), O_RDONLY));
     }
     reader->shard_fds_.push_back(std::move(fd));
+    reader->shard_paths_.push_back(JoinPath(reader->info_.dir, s.name));
   }
   if (reader->info_.has_labels) {
     ASSIGN_OR_RETURN(reader->labels_fd_,
@@ -27,9 +28,8 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
 
 absl::Status DatasetReader::ReadAt(int64_t shard, uint64_t offset,
                                    size_t length, void* out) const {
-  const ShardEntry& entry = desc().shards[static_cast<size_t>(shard)];
   return PreadFull(shard_fds_[static_cast<size_t>(shard)].get(), out, length,
-                   offset, JoinPath(info_.dir, entry.name));
+                   offset, shard_paths_[static_cast<size_t>(shard)]);
 }
 
 absl::Status DatasetReader::ReadVector(int64_t example, int64_t layer,

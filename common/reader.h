@@ -38,6 +38,15 @@ class DatasetReader {
   /// the dataset has no labels.bin.
   absl::Status ReadLabels(int64_t example, uint8_t* out) const;
 
+  /// The open descriptor of a data shard (owned by the reader; valid while
+  /// it lives), for engines that issue their own reads (io_uring). -1 for
+  /// an empty trailing entry.
+  int shard_fd(int64_t shard) const { return shard_fds_[static_cast<size_t>(shard)].get(); }
+  /// Full path of a shard file, for messages.
+  const std::string& shard_path(int64_t shard) const {
+    return shard_paths_[static_cast<size_t>(shard)];
+  }
+
  private:
   explicit DatasetReader(DatasetInfo info) : info_(std::move(info)) {}
   absl::Status ReadAt(int64_t shard, uint64_t offset, size_t length,
@@ -45,6 +54,7 @@ class DatasetReader {
 
   DatasetInfo info_;
   std::vector<UniqueFd> shard_fds_;  // index = shard; invalid for empty ones
+  std::vector<std::string> shard_paths_;
   UniqueFd labels_fd_;
 };
 

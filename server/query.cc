@@ -2,8 +2,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/uring_reader.h"
 
 namespace shardcast {
+namespace {
+
+// Reads of one query batch are issued together on this thread's ring so a
+// batch of N vectors has up to kQueryQueueDepth reads in flight.
+constexpr unsigned kQueryQueueDepth = 64;
+
+UringReader& ThreadReader() {
+  thread_local std::unique_ptr<UringReader> reader =
+      UringReader::Create(kQueryQueueDepth);
+  return *reader;
+}
+
+}  // namespace
 
 absl::Status QueryEngine::CheckBytes(uint64_t bytes) const {
   if (bytes > limits_.max_bytes_per_call) {
@@ -35,11 +49,18 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
   VectorsResult r;
   r.shape = {n, d.d_model};
   r.data = Payload(static_cast<size_t>(n) * d.vector_bytes());
+  std::vector<ReadOp> ops(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const Coord& c = coords[static_cast<size_t>(i)];
-    float* out = reinterpret_cast<float*>(r.data.data() + i * d.vector_bytes());
-    RETURN_IF_ERROR(reader->ReadVector(c.example, c.layer, c.token, out));
+    const VectorLocation loc = *Locate(d, c.example, c.layer, c.token);  // validated
+    ReadOp& op = ops[static_cast<size_t>(i)];
+    op.fd = reader->shard_fd(loc.shard);
+    op.offset = loc.offset;
+    op.length = d.vector_bytes();
+    op.dest = r.data.data() + i * d.vector_bytes();
+    op.path = &reader->shard_path(loc.shard);
   }
+  RETURN_IF_ERROR(ThreadReader().ReadAll(ops));
   metrics_->bytes_read_from_disk += r.data.size();
   return r;
 }
