@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
+#include "common/pyjson.h"
 #include "client/progress.h"
 #include "common/dataset.h"
 #include "common/npy.h"
@@ -32,7 +33,7 @@ int Usage(const char* command, const std::string& message) {
   return kExitUsage;
 }
 
-void PrintJson(const OrderedJson& j) { std::printf("%s\n", j.dump(2).c_str()); }
+void PrintJson(const OrderedJson& j) { std::printf("%s\n", JsonText(j, 2).c_str()); }
 
 // Shortest decimal that round-trips to the same float32 (at most 9
 // significant digits). Non-finite values are spelled as Python's json does.
@@ -45,6 +46,12 @@ void AppendFloat(std::string& out, float v) {
     char buf[32];
     auto r = std::to_chars(buf, buf + sizeof(buf), v);
     out.append(buf, r.ptr);
+    // "-0" or "3" would be read back as integers (losing -0.0's sign in
+    // Python's json); keep them floats as Python's repr does.
+    if (std::string_view(buf, static_cast<size_t>(r.ptr - buf)).find_first_of(".eE") ==
+        std::string_view::npos) {
+      out += ".0";
+    }
   }
 }
 

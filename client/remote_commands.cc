@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/commands.h"
+#include "common/pyjson.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {
@@ -51,7 +52,7 @@ int RunLs(const Args& args) {
   if (args.Has("json")) {
     OrderedJson a = OrderedJson::array();
     for (const auto& d : *list) a.push_back(InfoJson(d));
-    std::printf("%s\n", a.dump(2).c_str());
+    std::printf("%s\n", JsonText(a, 2).c_str());
     return kExitOk;
   }
   for (const auto& d : *list) {
@@ -79,7 +80,7 @@ int RunInfo(const Args& args) {
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
   auto d = (*client)->DescribeDataset(args.positional()[0]);
   if (!d.ok()) return Fail(cmd, std::string(d.status().message()));
-  std::printf("%s\n", InfoJson(*d).dump(2).c_str());
+  std::printf("%s\n", JsonText(InfoJson(*d), 2).c_str());
   return kExitOk;
 }
 
@@ -133,10 +134,10 @@ int RunStatus(const Args& args) {
   j["datasets_ok"] = s->datasets_ok();
   j["datasets_failed"] = s->datasets_failed();
   if (args.Has("json")) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     for (auto it = j.begin(); it != j.end(); ++it) {
-      std::printf("%-22s %s\n", it.key().c_str(), it.value().dump().c_str());
+      std::printf("%-22s %s\n", it.key().c_str(), JsonText(it.value()).c_str());
     }
   }
   return kExitOk;

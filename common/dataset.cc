@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -47,7 +48,14 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   DatasetInfo info;
   info.dir = dir;
   while (info.dir.size() > 1 && info.dir.back() == '/') info.dir.pop_back();
-  info.dir_name = BaseName(info.dir);
+  // The name the hash is compared with is that of the directory the path
+  // resolves to ("." or "../x/." name the real directory).
+  if (char* resolved = ::realpath(info.dir.c_str(), nullptr)) {
+    info.dir_name = BaseName(resolved);
+    std::free(resolved);
+  } else {
+    info.dir_name = BaseName(info.dir);
+  }
   struct stat st;
   if (::stat(info.dir.c_str(), &st) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("dataset directory ", info.dir));

@@ -108,7 +108,10 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
           absl::StrCat(path, ": bad dimension '", part, "' in .npy shape"));
     }
     npy.shape.push_back(dim);
-    elements *= static_cast<uint64_t>(dim);
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": .npy shape (", shape, ") is too large"));
+    }
   }
   uint64_t itemsize = 0;
   if (npy.descr == "<f4") itemsize = 4;
@@ -120,7 +123,10 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
         "activations or uint8 for labels"));
   }
   npy.data_offset = header_start + header_len;
-  npy.data_bytes = elements * itemsize;
+  if (__builtin_mul_overflow(elements, itemsize, &npy.data_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": .npy shape (", shape, ") is too large"));
+  }
   if (npy.data_offset + npy.data_bytes > size) {
     return absl::DataLossError(absl::StrCat(
         path, ": header says ", npy.data_bytes, " bytes of data but the file "

@@ -249,6 +249,54 @@ std::string PyJsonDumps(const Json& value, const PyJsonOptions& options) {
   return out;
 }
 
+bool IsValidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    int extra;
+    uint32_t min;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      min = 0x10000;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(extra) >= text.size()) return false;  // truncated
+    uint32_t cp = c & (0x3F >> extra);
+    for (int k = 1; k <= extra; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return true;
+}
+
+std::string JsonText(const Json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false,
+                Json::error_handler_t::replace);
+}
+
+std::string ValidUtf8(absl::string_view text) {
+  // Serialising a JSON string with the replace handler does the validation;
+  // strip the quotes and undo the escaping by parsing it back.
+  const std::string quoted =
+      Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Json::parse(quoted).get<std::string>();
+}
+
 std::string PyFloatRepr(double value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";

@@ -41,6 +41,17 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source)
 /// Returns what Python's json.dumps(value, **options) returns, byte for byte.
 std::string PyJsonDumps(const Json& value, const PyJsonOptions& options = {});
 
+/// j.dump(indent) that never throws: bytes that are not valid UTF-8 (file
+/// names can hold any bytes) are replaced by U+FFFD instead of aborting.
+std::string JsonText(const Json& j, int indent = -1);
+
+/// True when `text` is well-formed UTF-8 (as every Python str encodes to).
+bool IsValidUtf8(absl::string_view text);
+
+/// `text` with every invalid UTF-8 sequence replaced by U+FFFD, for
+/// protobuf `string` fields, which must hold valid UTF-8.
+std::string ValidUtf8(absl::string_view text);
+
 /// Python's repr(float): "0.1", "1e-05", "1e+16", "100.0", "-0.0", "inf".
 std::string PyFloatRepr(double value);
 

@@ -121,6 +121,23 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
     return absl::InvalidArgumentError(
         "writer: protocol 2.1 datasets never get a trailing empty shard entry");
   }
+  // Python strings are always valid Unicode: bytes that are not UTF-8 have
+  // no Python hash to match, so they are refused rather than hashed.
+  const std::pair<const char*, const std::string*> strings[] = {
+      {"family", &options.family}, {"ckpt", &options.ckpt}, {"dataset", &options.dataset}};
+  for (const auto& [name, value] : strings) {
+    if (!IsValidUtf8(*value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "writer: option '", name, "' is not valid UTF-8; metadata strings must be "
+          "Unicode text"));
+    }
+  }
+  PyJsonOptions raw;
+  raw.ensure_ascii = false;
+  if (!IsValidUtf8(PyJsonDumps(options.data, raw))) {
+    return absl::InvalidArgumentError(
+        "writer: option 'data' holds a string that is not valid UTF-8");
+  }
   std::unique_ptr<DatasetWriter> w(new DatasetWriter());
   // The metadata we are about to write goes through the same parser readers
   // use, so the writer cannot produce something a reader would reject.

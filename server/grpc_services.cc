@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metadata.h"
+#include "common/pyjson.h"
 #include "common/status.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -174,9 +175,11 @@ grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
 }
 
 void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
-  out->set_id(entry.id);
+  // Directory names and messages may hold any bytes; proto3 strings must
+  // be valid UTF-8 or the client fails to parse the reply.
+  out->set_id(ValidUtf8(entry.id));
   out->set_ok(entry.status.ok());
-  out->set_error(std::string(entry.status.message()));
+  out->set_error(ValidUtf8(entry.status.message()));
   if (!entry.info.has_value()) return;
   const DatasetInfo& info = *entry.info;
   const DatasetDesc& d = info.desc;
@@ -193,7 +196,7 @@ void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
   out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
   out->set_has_labels(info.has_labels);
   out->set_hash_matches_dir(info.hash_matches_dir);
-  for (const std::string& w : d.warnings) out->add_warnings(w);
+  for (const std::string& w : d.warnings) out->add_warnings(ValidUtf8(w));
 }
 
 grpc::ServerUnaryReactor* AdminService::Done(grpc::CallbackServerContext* ctx,

@@ -32,10 +32,10 @@ class Cli:
     def __init__(self, binary):
         self.binary = str(binary)
 
-    def run(self, *args, timeout=60):
+    def run(self, *args, timeout=60, cwd=None):
         cmd = [self.binary] + [str(a) for a in args]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout)
+                              timeout=timeout, cwd=cwd)
         proc.cmd = cmd
         proc.out = proc.stdout.decode("utf-8", errors="replace")
         proc.err = proc.stderr.decode("utf-8", errors="replace")
@@ -46,17 +46,21 @@ class Cli:
         return (f"command: {' '.join(proc.cmd)}\nexit: {proc.returncode}\n"
                 f"stdout: {proc.out[:2000]}\nstderr: {proc.err[:2000]}")
 
-    def ok(self, *args, timeout=60):
-        proc = self.run(*args, timeout=timeout)
+    def ok(self, *args, timeout=60, cwd=None):
+        proc = self.run(*args, timeout=timeout, cwd=cwd)
         assert proc.returncode == 0, self.describe(proc)
         assert_no_crash(proc)
         return proc
 
-    def json(self, *args, timeout=60):
-        """Runs with --json appended, expects exit 0, returns parsed stdout."""
-        proc = self.ok(*args, "--json", timeout=timeout)
+    def json(self, *args, timeout=60, floats=False, cwd=None):
+        """Runs with --json appended, expects exit 0, returns parsed stdout.
+
+        floats=True reads every JSON number as a float (so "-0" is -0.0, as
+        the JSON number denotes); plain json.loads reads "-0" as the int 0.
+        """
+        proc = self.ok(*args, "--json", timeout=timeout, cwd=cwd)
         try:
-            return json.loads(proc.out)
+            return json.loads(proc.out, parse_int=float) if floats else json.loads(proc.out)
         except ValueError as e:
             raise AssertionError(f"stdout is not JSON ({e})\n{self.describe(proc)}")
 
