@@ -140,7 +140,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
 
   void FinishWith(const absl::Status& status) {
     service_->metrics()->CallDone(status.code());
-    LogDebug("call ", method_, " failed: ", status.ToString());
+    LogInfo("call ", method_, " failed: ", status.ToString());
     Finish(ToGrpcStatus(status));
   }
 
