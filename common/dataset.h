@@ -43,8 +43,9 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir);
 std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info);
 
 /// Recomputes the SHA-256 of every file listed in SHA256SUMS and compares.
-/// Returns one DATA_LOSS per mismatch or unreadable file and INVALID_ARGUMENT
-/// for malformed lines; empty when all match (or there is no SHA256SUMS).
+/// Returns one DATA_LOSS per mismatch, the open/read error (NOT_FOUND, ...)
+/// per missing or unreadable file, and INVALID_ARGUMENT for malformed lines;
+/// empty when all match (or there is no SHA256SUMS).
 /// `progress` (may be null) is called with bytes hashed so far.
 std::vector<absl::Status> VerifyChecksums(
     const DatasetInfo& info, void (*progress)(uint64_t done, uint64_t total) = nullptr);

@@ -233,6 +233,11 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": field 'layers' must hold integers, found ", l.dump()));
     }
+    if (l.is_number_unsigned() &&
+        l.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": field 'layers' value ", l.dump(), " is too large"));
+    }
     const int64_t value = l.get<int64_t>();
     if (std::find(d.layers.begin(), d.layers.end(), value) != d.layers.end()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -321,3 +321,30 @@ TEST(ParseJson, DecodesEscapesAndRoundTripsThroughPythonEncoding) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+TEST(Utf8, WellFormedTextIsValid) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("plain ascii"));
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80"));
+}
+
+TEST(Utf8, MalformedSequencesAreInvalid) {
+  EXPECT_FALSE(IsValidUtf8("caf\xe9"));             // Latin-1 byte
+  EXPECT_FALSE(IsValidUtf8("\xc3"));                 // truncated
+  EXPECT_FALSE(IsValidUtf8("\xe6\x97"));             // truncated 3-byte
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));             // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));         // surrogate U+D800
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));     // beyond U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+}
+
+TEST(Utf8, ValidUtf8ReplacesBadBytesAndKeepsGoodOnes) {
+  EXPECT_EQ(ValidUtf8("ok"), "ok");
+  EXPECT_EQ(ValidUtf8("a\xff" "b"), "a\xef\xbf\xbd" "b");  // U+FFFD
+}
+
+}  // namespace
+}  // namespace shardcast

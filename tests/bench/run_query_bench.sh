@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Random-access benchmark of shardcastd's Query service against fio 4 KiB
+# random reads of the same shard files, measured in the same run (DESIGN.md
+# §5: cold >= 0.8 x fio 4 KiB random-read IOPS; warm p50 for one vector < 1 ms).
+#
+#   bash tests/bench/run_query_bench.sh          # from the repo root; ~3 minutes
+#
+# Expects built binaries in $BUILD_DIR (default build/): shardcast, shardcastd,
+# query_bench. Needs fio and vmtouch (bash deploy/install-deps.sh). Writes
+# nothing in the repo: the dataset, socket, logs and JSON go to $BENCH_DIR.
+#
+# Environment:
+#   BUILD_DIR      binaries (default: <repo>/build)
+#   BENCH_DIR      scratch directory (default: /tmp/shardcast-bench)
+#   BENCH_EXAMPLES examples in the dataset; with 2 layers x 257 tokens x 1024
+#                  floats each example is 2 MiB: 1024 -> ~2.0 GiB (default),
+#                  512 -> ~1 GiB. Reused across runs when the size matches.
+#   FIO_SECONDS    runtime cap of each fio job and each timed phase (default 10)
+#   FIO_QD         "deep" queue depth, matching the daemon's io_uring depth per
+#                  batched call (default 64)
+#   CONC           client threads of the concurrent cold run (default 16)
+#
+# What runs, in order (every cold step starts with `vmtouch -e` of the shards):
+#   fio randread bs=4k, buffered (like the daemon) and O_DIRECT, at iodepth 1
+#   (psync) and $FIO_QD (io_uring), buffered at $CONC (io_uring), buffered at
+#   $FIO_QD without fio's default fadvise(RANDOM) hint (the daemon gives none,
+#   and on these VMs the hint halves buffered io_uring IOPS); query_bench
+#   cold: 1 vector per call; 256 per call, with the client library as is and
+#   with --malloc-keep (see query_bench --help); 1 per call from $CONC
+#   threads; then `vmtouch -t` and query_bench warm (1 and 256 per call, 256
+#   with --malloc-keep). Prints a table of ratios and leaves the raw JSON in
+#   $BENCH_DIR/results.json.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$REPO/build}
+BENCH_DIR=${BENCH_DIR:-/tmp/shardcast-bench}
+BENCH_EXAMPLES=${BENCH_EXAMPLES:-1024}
+FIO_SECONDS=${FIO_SECONDS:-10}
+FIO_QD=${FIO_QD:-64}
+CONC=${CONC:-16}
+
+die() { echo "run_query_bench: $*" >&2; exit 1; }
+
+for b in shardcast shardcastd query_bench; do
+  [[ -x $BUILD_DIR/$b ]] || die "$BUILD_DIR/$b missing: build first (cmake --build build; query_bench needs add_subdirectory(bench) in tests/CMakeLists.txt)"
+done
+command -v fio >/dev/null && command -v vmtouch >/dev/null \
+  || die "needs fio and vmtouch: run 'bash deploy/install-deps.sh' as root"
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=$(command -v python3) || die "needs python3 for the report"
+case $BENCH_DIR in "$REPO"|"$REPO"/*) die "BENCH_DIR must be outside the repo" ;; esac
+
+mkdir -p "$BENCH_DIR"
+DATA=$BENCH_DIR/data
+SOCK=$BENCH_DIR/shardcastd.sock
+OUT=$BENCH_DIR/out
+rm -rf "$OUT"; mkdir -p "$OUT"
+start_s=$SECONDS
+echo "== $(date -u +%FT%TZ), nproc $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# 1. Dataset (deterministic, so an existing one with the same parameters is reused).
+params="--layers 6,12 --tokens 256 --cls --d-model 1024 --examples $BENCH_EXAMPLES --budget 2400000 --seed 0"
+if [[ -f $BENCH_DIR/params && $(cat "$BENCH_DIR/params") == "$params" ]] \
+   && ls "$DATA"/*/acts000000.bin >/dev/null 2>&1; then
+  echo "== dataset: reusing $DATA ($params)"
+else
+  echo "== dataset: shardcast synth $params"
+  rm -rf "$DATA" "$BENCH_DIR/params"
+  # shellcheck disable=SC2086
+  "$BUILD_DIR/shardcast" synth "$DATA" $params --json > "$OUT/synth.json"
+  echo "$params" > "$BENCH_DIR/params"
+fi
+DSDIR=$(ls -d "$DATA"/*/ | head -1); DSDIR=${DSDIR%/}
+SHARDS=("$DSDIR"/acts*.bin)
+FIO_FILES=$(IFS=:; echo "${SHARDS[*]}")
+echo "   $(du -sh "$DSDIR" | cut -f1) in ${#SHARDS[@]} shard file(s) under $DSDIR"
+
+# 2. Daemon on a private socket; killed on any exit.
+DPID=""
+cleanup() {
+  if [[ -n $DPID ]] && kill -0 "$DPID" 2>/dev/null; then
+    kill -TERM "$DPID" 2>/dev/null || true
+    wait "$DPID" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT INT TERM
+rm -f "$SOCK"
+"$BUILD_DIR/shardcastd" --root "$DATA" --listen "unix:$SOCK" --log-level warning \
+  > "$BENCH_DIR/shardcastd.log" 2>&1 &
+DPID=$!
+for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
+[[ -S $SOCK ]] || die "shardcastd did not create $SOCK (see $BENCH_DIR/shardcastd.log)"
+
+evict() { vmtouch -q -e "${SHARDS[@]}"; }
+# Bytes the block device really read during a step (readahead shows up here).
+DEV=$(basename "$(df --output=source "$DSDIR" | tail -1)")
+disk_bytes() { awk '{printf "%.0f\n", $3 * 512}' "/sys/class/block/$DEV/stat" 2>/dev/null || echo 0; }
+measure() {  # NAME CMD...: runs CMD, records the device bytes read in $OUT/disk_NAME
+  local name=$1 b0; shift
+  b0=$(disk_bytes)
+  "$@"
+  echo $(( $(disk_bytes) - b0 )) > "$OUT/disk_$name"
+}
+
+# 3. fio on the same files, cold each time. No --time_based: a job stops at
+# the runtime or when every block has been read once (fio's random map), so
+# it never re-reads pages it cached itself.
+# fio's default for random jobs is fadvise(RANDOM) (fadvise_hint=1); the
+# daemon gives no hint, so the deep buffered job also runs with hint 0.
+run_fio() {  # name direct iodepth engine [fadvise_hint]
+  evict
+  measure "fio_$1" fio --name="$1" --filename="$FIO_FILES" --rw=randread --bs=4k --direct="$2" \
+      --iodepth="$3" --ioengine="$4" --fadvise_hint="${5:-1}" --runtime="$FIO_SECONDS" \
+      --numjobs=1 --group_reporting --output-format=json --output="$OUT/fio_$1.json"
+  "$PY" - "$OUT/fio_$1.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]["read"]
+print(f"   {sys.argv[1].rsplit('/',1)[1][4:-5]:<22} {j['iops']:>10.0f} IOPS  "
+      f"p50 {j['clat_ns']['percentile']['50.000000']/1e3:8.1f} us")
+EOF
+}
+echo "== fio randread 4k (cold, ${FIO_SECONDS}s cap each)"
+run_fio buffered_qd1 0 1 psync
+run_fio direct_qd1 1 1 psync
+run_fio "buffered_qd$CONC" 0 "$CONC" io_uring
+run_fio "buffered_qd$FIO_QD" 0 "$FIO_QD" io_uring
+run_fio "buffered_qd${FIO_QD}_nohint" 0 "$FIO_QD" io_uring 0
+run_fio "direct_qd$FIO_QD" 1 "$FIO_QD" io_uring
+
+# 4. Query bench, cold: evict right before each run.
+QB=("$BUILD_DIR/query_bench" --address "unix:$SOCK" --seconds "$FIO_SECONDS"
+    --verify-synth-seed 0 --seed 1)
+echo "== query_bench cold"
+cold() {  # NAME ARGS...: evict, run query_bench, keep its JSON and disk bytes
+  local name=$1; shift
+  evict
+  measure "$name" "${QB[@]}" --label cold "$@" > "$OUT/$name.json"
+}
+cold cold_single --mode single --calls 100000
+cold cold_batch --mode batch --batch 256 --batch-calls 800
+cold cold_batch_keep --mode batch --batch 256 --batch-calls 800 --malloc-keep
+cold cold_single_conc --mode single --calls 100000 --threads "$CONC"
+
+# 5. Query bench, warm: read every shard byte, then measure at once (pages
+# idle for ~30 s get evicted on these VMs).
+echo "== query_bench warm (vmtouch -t first)"
+vmtouch -q -t "${SHARDS[@]}"
+"${QB[@]}" --label warm --mode both --calls 20000 --batch 256 --batch-calls 400 \
+  > "$OUT/warm.json"
+"${QB[@]}" --label warm --mode batch --batch 256 --batch-calls 800 --malloc-keep \
+  > "$OUT/warm_batch_keep.json"
+
+cleanup; DPID=""
+
+# 6. Report.
+"$PY" - "$OUT" "$FIO_QD" "$CONC" "$((SECONDS - start_s))" <<'EOF'
+import json, os, sys, datetime
+out, qd, conc, secs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+def load(n): return json.load(open(os.path.join(out, n)))
+fio_jobs = {n[4:-5]: load(n)["jobs"][0]["read"] for n in os.listdir(out) if n.startswith("fio_")}
+fio = {k: v["iops"] for k, v in fio_jobs.items()}
+fio_p50 = {k: v["clat_ns"]["percentile"]["50.000000"] / 1e3 for k, v in fio_jobs.items()}
+cs, cb, ck, cc, w, wk = (load(n + ".json") for n in (
+    "cold_single", "cold_batch", "cold_batch_keep", "cold_single_conc", "warm",
+    "warm_batch_keep"))
+B = lambda x: x["batch"]["iops_4k_equiv"]
+rows = [
+ ("cold 1 vec/call, 1 thread", cs["single"]["iops_4k_equiv"], "buffered_qd1", 0.8),
+ ("  same vs O_DIRECT qd1", cs["single"]["iops_4k_equiv"], "direct_qd1", None),
+ ("cold 256 vec/call, client lib as is", B(cb), f"buffered_qd{qd}", 0.8),
+ ("  same vs buffered qd1", B(cb), "buffered_qd1", None),
+ ("  same vs buffered, no fadvise hint", B(cb), f"buffered_qd{qd}_nohint", 0.8),
+ ("  same vs O_DIRECT qd" + qd, B(cb), f"direct_qd{qd}", None),
+ ("cold 256 vec/call, --malloc-keep", B(ck), f"buffered_qd{qd}", 0.8),
+ ("  same vs buffered, no fadvise hint", B(ck), f"buffered_qd{qd}_nohint", 0.8),
+ (f"cold 1 vec/call, {conc} client threads", cc["single"]["iops_4k_equiv"], f"buffered_qd{conc}", 0.8),
+]
+print()
+print(f"{'cold: 4 KiB vectors/s vs fio randread IOPS':<40}{'shardcast':>10}{'fio job':>22}{'fio IOPS':>10}{'ratio':>7}  target")
+for name, v, ref, tgt in rows:
+    r = v / fio[ref]
+    t = "" if tgt is None else (f">= {tgt}: " + ("met" if r >= tgt else "NOT met"))
+    print(f"{name:<40}{v:>10.0f}{ref:>22}{fio[ref]:>10.0f}{r:>7.2f}  {t}")
+print()
+print(f"cold 1 vec/call:   p50 {cs['single']['p50_us']:.0f} us, p99 {cs['single']['p99_us']:.0f} us "
+      f"(fio buffered qd1 p50 {fio_p50['buffered_qd1']:.0f} us)")
+print(f"cold 256 vec/call: p50 {cb['batch']['p50_us']/1e3:.1f} ms/call, {cb['batch']['mb_per_s']:.0f} MB/s; "
+      f"--malloc-keep: p50 {ck['batch']['p50_us']/1e3:.1f} ms/call, {ck['batch']['mb_per_s']:.0f} MB/s")
+ws, wb, wkb = w["single"], w["batch"], wk["batch"]
+print(f"warm 1 vec/call:   {ws['calls_per_s']:.0f} calls/s, p50 {ws['p50_us']:.0f} us, "
+      f"p99 {ws['p99_us']:.0f} us  (target p50 < 1000 us: {'met' if ws['p50_us'] < 1000 else 'NOT met'})")
+for name, x in (("warm 256 vec/call:", wb), ("  --malloc-keep:  ", wkb)):
+    print(f"{name} {x['vectors_per_s']:.0f} vectors/s, {x['calls_per_s']:.0f} calls/s, "
+          f"{x['mb_per_s']:.0f} MB/s, p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us")
+bad = sum(x[k]["bad_vectors"] + x[k]["errors"] for x, k in
+          ((cs, "single"), (cb, "batch"), (ck, "batch"), (cc, "single"), (w, "single"),
+           (w, "batch"), (wk, "batch")))
+def disk(n):
+    try: return int(open(os.path.join(out, "disk_" + n)).read())
+    except (OSError, ValueError): return 0
+amp = [(f"fio {k}", disk("fio_" + k), v["io_bytes"]) for k, v in sorted(fio_jobs.items())]
+amp += [(n, disk(n), x[k]["payload_bytes"]) for n, x, k in (
+    ("cold_single", cs, "single"), ("cold_batch", cb, "batch"),
+    ("cold_batch_keep", ck, "batch"), ("cold_single_conc", cc, "single"))]
+print("device bytes read / bytes requested (readahead amplification): " +
+      ", ".join(f"{n} {d / r:.2f}" if r else f"{n} -" for n, d, r in amp))
+print(f"values checked against the synth formula: {'all equal' if bad == 0 else f'{bad} BAD'}")
+print(f"total time {secs} s; load average at the end: {open('/proc/loadavg').read().split()[:3]}")
+json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "fio_iops": fio, "cold_single": cs, "cold_batch": cb,
+           "cold_batch_keep": ck, "cold_single_conc": cc, "warm": w,
+           "warm_batch_keep": wk},
+          open(os.path.join(os.path.dirname(out), "results.json"), "w"), indent=1)
+EOF
+echo "raw JSON: $BENCH_DIR/results.json"
