@@ -36,7 +36,29 @@ absl::StatusOr<VectorBlock> ToBlock(const v1::Vectors& reply) {
 Client::Client(std::shared_ptr<grpc::Channel> channel)
     : channel_(std::move(channel)),
       admin_(v1::Admin::NewStub(channel_)),
-      query_(v1::Query::NewStub(channel_)) {}
+      query_(v1::Query::NewStub(channel_)),
+      stream_(v1::Stream::NewStub(channel_)) {}
+
+namespace {
+
+class GrpcBatchStream final : public BatchStream {
+ public:
+  GrpcBatchStream(v1::Stream::Stub* stub, const v1::StreamRequest& request)
+      : reader_(stub->Stream(&ctx_, request)) {}
+  bool Next(v1::Batch* batch) override { return reader_->Read(batch); }
+  absl::Status Finish() override { return FromGrpcStatus(reader_->Finish()); }
+  void Cancel() override { ctx_.TryCancel(); }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::Batch>> reader_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchStream> Client::OpenStream(const v1::StreamRequest& request) {
+  return std::make_unique<GrpcBatchStream>(stream_.get(), request);
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
                                                         const ClientOptions& options) {

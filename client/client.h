@@ -35,6 +35,19 @@ struct VectorBlock {
   std::vector<float> values;
 };
 
+/// A server stream of batches. Not thread-safe; one reader per stream.
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  /// Reads the next batch into `batch`; false at the end of the stream
+  /// (then call Finish for the final status).
+  virtual bool Next(v1::Batch* batch) = 0;
+  /// The stream's final status (OK after all requested epochs).
+  virtual absl::Status Finish() = 0;
+  /// Asks the daemon to stop sending; Finish then reports CANCELLED.
+  virtual void Cancel() = 0;
+};
+
 /// A connection to one daemon. Thread-safe (gRPC stubs are). Every call
 /// returns the daemon's status code and message on failure.
 class Client {
@@ -56,6 +69,8 @@ class Client {
                                          std::optional<int64_t> layer);
   /// The example's content-token labels (uint8 each).
   absl::StatusOr<std::string> GetLabels(const std::string& dataset, int64_t example);
+  /// Opens a stream of batches (Stream.Stream).
+  std::unique_ptr<BatchStream> OpenStream(const v1::StreamRequest& request);
 
  private:
   explicit Client(std::shared_ptr<grpc::Channel> channel);
@@ -63,6 +78,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Admin::Stub> admin_;
   std::unique_ptr<v1::Query::Stub> query_;
+  std::unique_ptr<v1::Stream::Stub> stream_;
 };
 
 }  // namespace shardcast

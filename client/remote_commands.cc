@@ -1,9 +1,12 @@
 // Commands that talk to shardcastd: ls, info, get, status.
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/commands.h"
 #include "common/pyjson.h"
@@ -116,6 +119,142 @@ int RunGet(const Args& args) {
                       args.Has("json"), args.Has("raw"));
 }
 
+int RunStream(const Args& args) {
+  const char* cmd = "stream";
+  if (args.positional().size() != 1) {
+    std::fprintf(stderr, "shardcast stream: expected one dataset ID\n");
+    return kExitUsage;
+  }
+  v1::StreamRequest req;
+  req.set_dataset(args.positional()[0]);
+  auto batch = args.GetInt("batch-size", 4096);
+  auto epochs = args.GetInt("epochs", 1);
+  auto rank = args.GetInt("rank", 0);
+  auto world = args.GetInt("world-size", 1);
+  auto seed = args.GetInt("seed", 0);
+  auto layer = args.GetInt("layer", 0);
+  for (const absl::Status& s : {batch.status(), epochs.status(), rank.status(),
+                                world.status(), seed.status(), layer.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "shardcast stream: %s\n", std::string(s.message()).c_str());
+      return kExitUsage;
+    }
+  }
+  if (args.Has("layer")) req.set_layer(*layer);
+  const std::string tokens = args.Get("tokens", "content");
+  if (tokens == "content") {
+    req.set_tokens(v1::TOKENS_CONTENT);
+  } else if (tokens == "special") {
+    req.set_tokens(v1::TOKENS_SPECIAL);
+  } else if (tokens == "all") {
+    req.set_tokens(v1::TOKENS_ALL);
+  } else {
+    std::fprintf(stderr, "shardcast stream: --tokens takes content, special or all\n");
+    return kExitUsage;
+  }
+  const std::string order = args.Get("order", "ordered");
+  if (order != "ordered" && order != "shuffled") {
+    std::fprintf(stderr, "shardcast stream: --order takes ordered or shuffled\n");
+    return kExitUsage;
+  }
+  req.set_order(order == "ordered" ? v1::ORDER_ORDERED : v1::ORDER_SHUFFLED);
+  req.set_batch_size(*batch);
+  req.set_epochs(*epochs);
+  req.set_rank(*rank);
+  req.set_world_size(*world);
+  req.set_seed(static_cast<uint64_t>(*seed));
+  req.set_drop_last(args.Has("drop-last"));
+  auto client = Connect();
+  if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
+  // --check: the daemon's description gives the selection's size, so the
+  // CLI can tell whether every selected vector arrived exactly once.
+  auto info = (*client)->DescribeDataset(req.dataset());
+  if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
+  const bool check = args.Has("check");
+  const int64_t T = info->tokens_per_example();
+  const int64_t L = args.Has("layer") ? 1 : info->layers_size();
+  std::vector<uint8_t> seen;  // per (epoch-local) example, layer, token
+  if (check) seen.assign(static_cast<size_t>(info->n_examples() * L * T), 0);
+  int64_t duplicates = 0, batches = 0, vectors = 0, current_epoch = -1;
+  uint64_t bytes = 0;
+  std::string last_token;
+  std::vector<std::string> problems;
+  auto finish_epoch = [&]() {
+    if (!check || current_epoch < 0) return;
+    int64_t seen_count = 0;
+    for (uint8_t s : seen) seen_count += s;
+    problems.push_back(absl::StrCat("epoch ", current_epoch, ": ", seen_count,
+                                    " distinct vectors, ", duplicates, " repeated"));
+    std::fill(seen.begin(), seen.end(), 0);
+    duplicates = 0;
+  };
+  const auto start = absl::Now();
+  auto stream = (*client)->OpenStream(req);
+  v1::Batch b;
+  std::vector<std::pair<int64_t, int64_t>> epoch_counts;
+  while (stream->Next(&b)) {
+    if (b.epoch() != current_epoch) {
+      finish_epoch();
+      current_epoch = b.epoch();
+    }
+    ++batches;
+    vectors += b.rows();
+    bytes += b.vectors().size();
+    last_token = b.resume_token();
+    if (static_cast<int64_t>(b.vectors().size()) != b.rows() * b.d_model() * 4 ||
+        static_cast<int64_t>(b.example_idx().size()) != b.rows() * 8 ||
+        static_cast<int64_t>(b.token_idx().size()) != b.rows() * 4) {
+      return Fail(cmd, absl::StrCat("batch ", batches, " is malformed"));
+    }
+    if (check) {
+      std::map<int64_t, int64_t> layer_index;
+      for (int i = 0; i < info->layers_size(); ++i) layer_index[info->layers(i)] = i;
+      for (int64_t i = 0; i < b.rows(); ++i) {
+        int64_t e;
+        int32_t t;
+        std::memcpy(&e, b.example_idx().data() + i * 8, 8);
+        std::memcpy(&t, b.token_idx().data() + i * 4, 4);
+        int64_t li = 0;
+        if (!b.layer().empty()) {
+          int64_t value;
+          std::memcpy(&value, b.layer().data() + i * 8, 8);
+          li = layer_index[value];
+        }
+        const int64_t raw = t + (info->cls_token() ? 1 : 0);
+        if (e < 0 || e >= info->n_examples() || raw < 0 || raw >= T) {
+          return Fail(cmd, absl::StrCat("batch ", batches, " names example ", e,
+                                        " token ", t, " outside the dataset"));
+        }
+        uint8_t& s = seen[static_cast<size_t>((e * L + li) * T + raw)];
+        if (s) ++duplicates;
+        s = 1;
+      }
+    }
+  }
+  absl::Status st = stream->Finish();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  finish_epoch();
+  if (!st.ok()) return Fail(cmd, std::string(st.message()));
+  OrderedJson j;
+  j["batches"] = batches;
+  j["vectors"] = vectors;
+  j["bytes"] = bytes;
+  j["seconds"] = secs;
+  j["bytes_per_second"] = secs > 0 ? static_cast<double>(bytes) / secs : 0.0;
+  if (check) j["epochs_checked"] = problems;
+  j["last_resume_token_bytes"] = last_token.size();
+  if (args.Has("json")) {
+    std::printf("%s\n", JsonText(j, 2).c_str());
+  } else {
+    std::printf("%lld batches, %lld vectors, %.1f MiB in %.2f s (%.0f MiB/s)\n",
+                static_cast<long long>(batches), static_cast<long long>(vectors),
+                static_cast<double>(bytes) / (1 << 20), secs,
+                secs > 0 ? static_cast<double>(bytes) / (1 << 20) / secs : 0.0);
+    for (const std::string& p : problems) std::printf("%s\n", p.c_str());
+  }
+  return kExitOk;
+}
+
 int RunStatus(const Args& args) {
   const char* cmd = "status";
   auto client = Connect();
@@ -172,6 +311,24 @@ std::vector<Command> RemoteCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
+      {"stream", "--server A stream ID [options] [--check] [--json]",
+       "stream batches (ordered mode) and print throughput",
+       "Opens a Stream and reads every batch, printing batches, vectors, seconds "
+       "and bytes/s. --check also counts, per epoch, how many distinct "
+       "(example, layer, token) vectors arrived and how many repeated. Only "
+       "--order ordered is served today.",
+       {{"layer", "L", "layer value to stream (default: all layers)"},
+        {"tokens", "SEL", "content (default), special (CLS) or all"},
+        {"order", "ORDER", "ordered (default) or shuffled (not served yet)"},
+        {"batch-size", "N", "vectors per batch (default 4096)"},
+        {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
+        {"rank", "R", "partition rank (default 0)"},
+        {"world-size", "W", "partition count (default 1)"},
+        {"seed", "S", "shuffle seed"},
+        {"drop-last", nullptr, "drop each epoch's short last batch"},
+        {"check", nullptr, "count distinct and repeated vectors per epoch"},
+        json},
+       RunStream},
       {"status", "--server A status [--json]", "the daemon's uptime, clients, calls, bytes, memory",
        "Prints the daemon's counters (Admin.GetStatus).", {json}, RunStatus},
   };

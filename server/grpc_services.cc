@@ -11,11 +11,13 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/grpc_status.h"
 #include "server/log.h"
+#include "server/ordered_stream.h"
 
 namespace shardcast {
 namespace {
 
 constexpr char kQueryPrefix[] = "/shardcast.v1.Query/";
+constexpr char kStreamMethod[] = "/shardcast.v1.Stream/Stream";
 
 template <typename Message>
 absl::Status ParseRequest(grpc::ByteBuffer* buffer, Message* message) {
@@ -150,6 +152,155 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer reply_;
 };
 
+// A Batch reply: protobuf header (metadata) + the vectors as field 15,
+// appended as their own slice (no copy through protobuf).
+grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model) {
+  v1::Batch header;
+  header.set_epoch(b.epoch);
+  header.set_index(b.index);
+  header.set_rows(b.rows);
+  header.set_d_model(d_model);
+  header.set_example_idx(std::move(b.example_idx));
+  header.set_token_idx(std::move(b.token_idx));
+  header.set_layer(std::move(b.layer));
+  header.set_labels(std::move(b.labels));
+  header.set_resume_token(std::move(b.resume_token));
+  std::string head = header.SerializeAsString();
+  head.push_back(static_cast<char>((15 << 3) | 2));
+  AppendVarint(head, b.vectors.size());
+  const size_t size = b.vectors.size();
+  grpc::Slice slices[2] = {grpc::Slice(head),
+                           grpc::Slice(b.vectors.Release(), size, std::free)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+// One Stream call: read the request, then produce a batch on the worker pool,
+// write it, and produce the next only when the write is done (one write in
+// flight, so a slow client holds at most one batch). Deletes itself in OnDone.
+class StreamReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  StreamReactor(const QueryService* service, grpc::GenericCallbackServerContext* ctx)
+      : service_(service), peer_(ctx->peer()) {
+    Metrics* m = service_->metrics();
+    m->calls_total++;
+    m->calls_in_flight++;
+    m->streams_active++;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      FinishWith(absl::InvalidArgumentError("Stream: the client sent no request"));
+      return;
+    }
+    service_->pool()->Submit([this] { Open(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      FinishWith(absl::CancelledError("the client went away"));
+      return;
+    }
+    service_->pool()->Submit([this] { Produce(); });
+  }
+
+  void OnCancel() override { cancelled_ = true; }
+
+  void OnDone() override {
+    Metrics* m = service_->metrics();
+    m->calls_in_flight--;
+    m->streams_active--;
+    LogInfo("stream from ", peer_, " ended: ", batches_, " batches, ", bytes_,
+            " bytes, ", final_status_);
+    delete this;
+  }
+
+ private:
+  void Open() {
+    v1::StreamRequest req;
+    absl::Status st = ParseRequest(&request_, &req);
+    if (st.ok() && req.order() != v1::ORDER_ORDERED) {
+      st = absl::UnimplementedError(
+          "shuffled streaming (the shared scan) is not implemented yet; "
+          "request order = ORDER_ORDERED");
+    }
+    if (!st.ok()) {
+      FinishWith(st);
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
+        service_->engine()->catalog()->Resolve(req.dataset());
+    if (!reader.ok()) {
+      FinishWith(reader.status());
+      return;
+    }
+    StreamSpec spec;
+    if (req.has_layer()) spec.layer = req.layer();
+    spec.tokens = req.tokens() == v1::TOKENS_SPECIAL ? TokenSelection::kSpecial
+                  : req.tokens() == v1::TOKENS_ALL   ? TokenSelection::kAll
+                                                     : TokenSelection::kContent;
+    spec.batch_size = req.batch_size();
+    spec.epochs = req.epochs();
+    spec.rank = req.rank();
+    spec.world_size = req.world_size();
+    spec.drop_last = req.drop_last();
+    d_model_ = (*reader)->desc().d_model;
+    auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name, spec,
+                                        req.resume_token());
+    if (!stream.ok()) {
+      FinishWith(stream.status());
+      return;
+    }
+    stream_ = std::move(*stream);
+    LogInfo("stream client connected from ", peer_, ": dataset ", req.dataset(),
+            ", ordered, batch ", spec.batch_size, ", rank ", spec.rank, "/",
+            spec.world_size, ", ", stream_->vectors_per_epoch(), " vectors per epoch");
+    Produce();
+  }
+
+  void Produce() {
+    if (cancelled_) {
+      FinishWith(absl::CancelledError("the client cancelled"));
+      return;
+    }
+    StreamBatch batch;
+    absl::StatusOr<bool> more = stream_->Next(&batch);
+    if (!more.ok()) {
+      FinishWith(more.status());
+      return;
+    }
+    if (!*more) {
+      FinishWith(absl::OkStatus());
+      return;
+    }
+    const uint64_t payload = batch.vectors.size();
+    reply_ = BatchReply(batch, d_model_);
+    ++batches_;
+    bytes_ += reply_.Length();
+    service_->metrics()->batches_sent++;
+    service_->metrics()->bytes_served += reply_.Length();
+    service_->metrics()->bytes_read_from_disk += payload;
+    StartWrite(&reply_);
+  }
+
+  void FinishWith(const absl::Status& status) {
+    service_->metrics()->CallDone(status.code());
+    final_status_ = status.ToString();
+    Finish(ToGrpcStatus(status));
+  }
+
+  const QueryService* service_;
+  const std::string peer_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer reply_;
+  std::unique_ptr<OrderedStream> stream_;
+  int64_t d_model_ = 0;
+  std::atomic<bool> cancelled_{false};
+  int64_t batches_ = 0;
+  uint64_t bytes_ = 0;
+  std::string final_status_;
+};
+
 // Calls refused before any work: unknown methods, or arriving while the
 // daemon drains for shutdown.
 class RefusingReactor final : public grpc::ServerGenericBidiReactor {
@@ -162,7 +313,8 @@ class RefusingReactor final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
-  if (ctx->method().rfind(kQueryPrefix, 0) != 0) {
+  const bool is_stream = ctx->method() == kStreamMethod;
+  if (!is_stream && ctx->method().rfind(kQueryPrefix, 0) != 0) {
     return new RefusingReactor(grpc::Status(
         grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", ctx->method())));
   }
@@ -171,6 +323,7 @@ grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
     return new RefusingReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                             "shardcastd is shutting down"));
   }
+  if (is_stream) return new StreamReactor(this, ctx);
   return new QueryReactor(this, ctx);
 }
 

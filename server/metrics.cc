@@ -38,6 +38,9 @@ std::string Metrics::PrometheusText(bool serving) const {
                     absl::StatusCodeToString(static_cast<absl::StatusCode>(i)),
                     "\"} ", n, "\n");
   }
+  metric("shardcast_streams", "gauge", "Streams being served.", streams_active.load());
+  metric("shardcast_batches_sent_total", "counter", "Stream batches sent.",
+         batches_sent.load());
   metric("shardcast_bytes_served_total", "counter",
          "Payload bytes sent to clients.", bytes_served.load());
   metric("shardcast_disk_read_bytes_total", "counter",

@@ -19,6 +19,8 @@ struct Metrics {
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> bytes_served{0};
   std::atomic<uint64_t> bytes_read_from_disk{0};
+  std::atomic<int64_t> streams_active{0};
+  std::atomic<uint64_t> batches_sent{0};
   std::atomic<int64_t> datasets_ok{0};
   std::atomic<int64_t> datasets_failed{0};
   /// Finished calls by final status code (index = absl::StatusCode).

@@ -67,6 +67,9 @@ class QueryEngine {
   /// [T, D] for one layer or [L, T, D] for all layers of one example.
   absl::StatusOr<VectorsResult> GetExample(absl::string_view dataset, int64_t example,
                                            std::optional<int64_t> layer) const;
+  const Catalog* catalog() const { return catalog_; }
+  Metrics* metrics() const { return metrics_; }
+
   /// content_tokens uint8 labels; NOT_FOUND without labels.bin.
   absl::StatusOr<std::string> GetLabels(absl::string_view dataset, int64_t example) const;
 

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -479,6 +481,140 @@ TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
   }
   ::kill(mtls.pid(), SIGTERM);
   EXPECT_NE(mtls.WaitExit(std::chrono::seconds(10)), -1);
+}
+
+// Reads a whole stream; returns (example, content token, layer) per row and
+// checks every vector against the generator.
+std::vector<std::tuple<int64_t, int32_t, int64_t>> ReadStream(
+    Client* client, const v1::StreamRequest& req, absl::Status* final_status) {
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> rows;
+  auto stream = client->OpenStream(req);
+  v1::Batch b;
+  while (stream->Next(&b)) {
+    for (int64_t i = 0; i < b.rows(); ++i) {
+      int64_t e, layer = req.has_layer() ? req.layer() : 0;
+      int32_t t;
+      std::memcpy(&e, b.example_idx().data() + i * 8, 8);
+      std::memcpy(&t, b.token_idx().data() + i * 4, 4);
+      if (!b.layer().empty()) std::memcpy(&layer, b.layer().data() + i * 8, 8);
+      const int64_t li = layer == -2 ? 0 : 1;
+      float v;
+      std::memcpy(&v, b.vectors().data() + (i * 32 + 5) * 4, 4);
+      EXPECT_EQ(v, SynthValue(kSeed, static_cast<uint64_t>(((e * 2 + li) * 17 + t + 1) * 32 + 5)))
+          << "example " << e << " token " << t;
+      rows.emplace_back(e, t, layer);
+    }
+  }
+  *final_status = stream->Finish();
+  return rows;
+}
+
+TEST_F(DaemonTest, OrderedStreamDeliversEveryVectorOnceInDiskOrder) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  v1::StreamRequest req;
+  req.set_dataset(main_id_);
+  req.set_order(v1::ORDER_ORDERED);
+  req.set_tokens(v1::TOKENS_ALL);
+  req.set_batch_size(100);
+  req.set_epochs(1);
+  absl::Status st;
+  auto rows = ReadStream(client.get(), req, &st);
+  ASSERT_TRUE(st.ok()) << st;
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> want;
+  for (int64_t e = 0; e < 40; ++e) {
+    for (int64_t layer : {int64_t{-2}, int64_t{6}}) {
+      for (int32_t t = -1; t < 16; ++t) want.emplace_back(e, t, layer);
+    }
+  }
+  EXPECT_EQ(rows, want);
+}
+
+TEST_F(DaemonTest, FourRanksStreamingTogetherCoverTheSelectionOnce) {
+  daemon_ = StartDaemon();
+  std::vector<std::vector<std::tuple<int64_t, int32_t, int64_t>>> parts(4);
+  std::vector<absl::Status> status(4);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto client = Client::Connect("unix:" + socket_);
+      ASSERT_TRUE(client.ok());
+      v1::StreamRequest req;
+      req.set_dataset(main_id_);
+      req.set_order(v1::ORDER_ORDERED);
+      req.set_layer(6);
+      req.set_batch_size(33);
+      req.set_epochs(1);
+      req.set_rank(rank);
+      req.set_world_size(4);
+      parts[static_cast<size_t>(rank)] = ReadStream(client->get(), req, &status[static_cast<size_t>(rank)]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::tuple<int64_t, int32_t, int64_t>> all;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(status[static_cast<size_t>(rank)].ok()) << status[static_cast<size_t>(rank)];
+    all.insert(all.end(), parts[static_cast<size_t>(rank)].begin(), parts[static_cast<size_t>(rank)].end());
+  }
+  ASSERT_EQ(all.size(), 40u * 16);
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a vector went to two ranks";
+}
+
+TEST_F(DaemonTest, ClientLeavingMidStreamFreesItsCallAndOthersContinue) {
+  daemon_ = StartDaemon();
+  auto quitter = Connect();
+  auto stayer = Connect();
+  ASSERT_NE(quitter, nullptr);
+  v1::StreamRequest req;
+  req.set_dataset(main_id_);
+  req.set_order(v1::ORDER_ORDERED);
+  req.set_batch_size(10);
+  req.set_epochs(0);  // endless: only cancelling ends it
+  auto endless = quitter->OpenStream(req);
+  v1::Batch b;
+  ASSERT_TRUE(endless->Next(&b));
+  ASSERT_TRUE(endless->Next(&b));
+  endless->Cancel();
+  while (endless->Next(&b)) {
+  }
+  EXPECT_EQ(endless->Finish().code(), absl::StatusCode::kCancelled);
+  // The daemon lets go of the stream: no call stays in flight.
+  int64_t in_flight = -1;
+  for (int i = 0; i < 200; ++i) {
+    auto status = stayer->GetStatus();
+    ASSERT_TRUE(status.ok());
+    in_flight = status->connected_clients();
+    if (in_flight == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(in_flight, 0);
+  req.set_epochs(1);
+  absl::Status st;
+  EXPECT_EQ(ReadStream(stayer.get(), req, &st).size(), 2u * 40 * 16);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST_F(DaemonTest, StreamRequestErrorsHaveTheirCodes) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  v1::StreamRequest req;
+  req.set_dataset(main_id_);
+  req.set_batch_size(10);
+  absl::Status st;
+  req.set_order(v1::ORDER_SHUFFLED);
+  ReadStream(client.get(), req, &st);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  req.set_order(v1::ORDER_ORDERED);
+  req.set_batch_size(0);
+  ReadStream(client.get(), req, &st);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  req.set_batch_size(10);
+  req.set_dataset("nosuchdataset");
+  ReadStream(client.get(), req, &st);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
 }
 
 }  // namespace

@@ -1,0 +1,205 @@
+#include "server/ordered_stream.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "common/status.h"
+#include "server/uring_reader.h"
+
+namespace shardcast {
+namespace {
+
+constexpr char kTokenMagic[4] = {'S', 'C', 'O', '1'};
+constexpr size_t kTokenBytes = 4 + 8 * 4;
+
+UringReader& ThreadReader() {
+  thread_local std::unique_ptr<UringReader> reader = UringReader::Create(32);
+  return *reader;
+}
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+T Get(const std::string& in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d, const StreamSpec& spec) {
+  Selection s;
+  if (spec.layer.has_value()) {
+    ASSIGN_OR_RETURN(s.layer_index, d.LayerIndex(*spec.layer));
+    s.num_rows = d.n_examples;
+  } else {
+    s.layer_index = -1;
+    s.num_rows = d.n_examples * d.num_layers();
+  }
+  const int64_t cls = d.cls_token ? 1 : 0;
+  switch (spec.tokens) {
+    case TokenSelection::kContent:
+      s.token_begin = cls;
+      s.vectors_per_row = d.content_tokens;
+      break;
+    case TokenSelection::kSpecial:
+      if (!d.cls_token) {
+        return absl::InvalidArgumentError(
+            "tokens = special selects the CLS token, but this dataset has none "
+            "(cls_token = false)");
+      }
+      s.token_begin = 0;
+      s.vectors_per_row = 1;
+      break;
+    case TokenSelection::kAll:
+      s.token_begin = 0;
+      s.vectors_per_row = d.tokens_per_example;
+      break;
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
+    std::shared_ptr<const DatasetReader> reader, std::string dataset_id,
+    StreamSpec spec, const std::string& resume_token) {
+  if (spec.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be >= 1, got ", spec.batch_size));
+  }
+  if (spec.epochs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epochs must be >= 0 (0 = endless), got ", spec.epochs));
+  }
+  if (spec.world_size <= 0) spec.world_size = 1;
+  if (spec.rank < 0 || spec.rank >= spec.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", spec.rank, " is not in [0, world_size = ", spec.world_size, ")"));
+  }
+  std::unique_ptr<OrderedStream> s(new OrderedStream());
+  ASSIGN_OR_RETURN(s->sel_, Selection::Create(reader->desc(), spec));
+  s->reader_ = std::move(reader);
+  s->dataset_id_ = std::move(dataset_id);
+  s->spec_ = spec;
+  // Ranks get contiguous, disjoint ranges that together cover the selection.
+  const int64_t v = s->sel_.num_vectors();
+  s->lo_ = v * spec.rank / spec.world_size;
+  s->hi_ = v * (spec.rank + 1) / spec.world_size;
+  s->next_ = s->lo_;
+  // A resume token only continues the request it came from.
+  Sha256 h;
+  h.Update(absl::StrCat("ordered|", s->dataset_id_, "|",
+                        spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all", "|",
+                        static_cast<int>(spec.tokens), "|", spec.batch_size, "|",
+                        spec.rank, "/", spec.world_size, "|", spec.drop_last));
+  const std::string digest = h.HexDigest();
+  s->fingerprint_ = std::stoull(digest.substr(0, 16), nullptr, 16);
+  if (!resume_token.empty()) {
+    if (resume_token.size() != kTokenBytes ||
+        std::memcmp(resume_token.data(), kTokenMagic, 4) != 0) {
+      return absl::InvalidArgumentError("resume_token is not a shardcast ordered-stream token");
+    }
+    if (Get<uint64_t>(resume_token, 4) != s->fingerprint_) {
+      return absl::InvalidArgumentError(
+          "resume_token was issued for a different stream request (dataset, "
+          "selection, batch size or partition differ)");
+    }
+    s->epoch_ = Get<int64_t>(resume_token, 12);
+    s->next_ = Get<int64_t>(resume_token, 20);
+    s->batch_index_ = Get<int64_t>(resume_token, 28);
+    if (s->next_ < s->lo_ || s->next_ > s->hi_ || s->epoch_ < 0) {
+      return absl::InvalidArgumentError("resume_token points outside this stream");
+    }
+  }
+  return s;
+}
+
+std::string OrderedStream::ResumeToken() const {
+  std::string t(kTokenMagic, 4);
+  Put<uint64_t>(t, fingerprint_);
+  Put<int64_t>(t, epoch_);
+  Put<int64_t>(t, next_);
+  Put<int64_t>(t, batch_index_);
+  return t;
+}
+
+absl::StatusOr<bool> OrderedStream::Next(StreamBatch* out) {
+  // Move to the next epoch when this one is exhausted (or only a short batch
+  // is left and drop_last is set).
+  while (true) {
+    if (spec_.epochs != 0 && epoch_ >= spec_.epochs) return false;
+    const int64_t left = hi_ - next_;
+    if (left > 0 && !(spec_.drop_last && left < spec_.batch_size)) break;
+    if (hi_ == lo_ && spec_.epochs == 0) return false;  // nothing to stream, ever
+    ++epoch_;
+    next_ = lo_;
+    batch_index_ = 0;
+  }
+  const DatasetDesc& d = reader_->desc();
+  const int64_t g0 = next_;
+  const int64_t g1 = std::min(hi_, g0 + spec_.batch_size);
+  const int64_t rows = g1 - g0;
+  const uint64_t vb = d.vector_bytes();
+  const int64_t k = sel_.vectors_per_row;
+  const bool all_layers = sel_.layer_index < 0;
+
+  out->epoch = epoch_;
+  out->index = batch_index_;
+  out->rows = rows;
+  out->vectors = Payload(static_cast<size_t>(rows) * vb);
+  out->example_idx.assign(static_cast<size_t>(rows) * 8, '\0');
+  out->token_idx.assign(static_cast<size_t>(rows) * 4, '\0');
+  out->layer.assign(all_layers ? static_cast<size_t>(rows) * 8 : 0, '\0');
+  out->labels.assign(reader_->info().has_labels ? static_cast<size_t>(rows) : 0, '\0');
+
+  std::vector<ReadOp> ops;
+  std::string label_row(static_cast<size_t>(d.content_tokens), '\0');
+  int64_t label_example = -1;
+  for (int64_t g = g0; g < g1;) {
+    const int64_t row = g / k;
+    const int64_t j0 = g % k;
+    const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
+    const int64_t example = all_layers ? row / d.num_layers() : row;
+    const int64_t li = all_layers ? row % d.num_layers() : sel_.layer_index;
+    ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
+    ReadOp op;
+    op.fd = reader_->shard_fd(loc.shard);
+    op.path = &reader_->shard_path(loc.shard);
+    op.offset = loc.offset + (static_cast<uint64_t>(li) * d.tokens_per_example +
+                              static_cast<uint64_t>(sel_.token_begin + j0)) * vb;
+    op.length = static_cast<size_t>(j1 - j0) * vb;
+    op.dest = out->vectors.data() + static_cast<size_t>(g - g0) * vb;
+    ops.push_back(op);
+    if (!out->labels.empty() && label_example != example) {
+      RETURN_IF_ERROR(reader_->ReadLabels(example, reinterpret_cast<uint8_t*>(label_row.data())));
+      label_example = example;
+    }
+    for (int64_t j = j0; j < j1; ++j, ++g) {
+      const size_t i = static_cast<size_t>(g - g0);
+      const int64_t token = sel_.token_begin + j;             // token axis index
+      const int32_t content = static_cast<int32_t>(token - (d.cls_token ? 1 : 0));
+      std::memcpy(&out->example_idx[i * 8], &example, 8);
+      std::memcpy(&out->token_idx[i * 4], &content, 4);      // -1 for CLS
+      if (all_layers) {
+        const int64_t value = d.layers[static_cast<size_t>(li)];
+        std::memcpy(&out->layer[i * 8], &value, 8);
+      }
+      if (!out->labels.empty()) {
+        out->labels[i] = content < 0 ? static_cast<char>(255)
+                                     : label_row[static_cast<size_t>(content)];
+      }
+    }
+  }
+  RETURN_IF_ERROR(ThreadReader().ReadAll(ops));
+  next_ = g1;
+  ++batch_index_;
+  out->resume_token = ResumeToken();
+  return true;
+}
+
+}  // namespace shardcast
