@@ -617,5 +617,33 @@ TEST_F(DaemonTest, StreamRequestErrorsHaveTheirCodes) {
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
 }
 
+TEST_F(DaemonTest, ConfigFileGivesTheSameSettingsAsFlags) {
+  const std::string config = JoinPath(dir_, "shardcastd.json");
+  std::ofstream(config) << "{\"roots\": [\"" << root_ << "\"], \"listen\": \"unix:"
+                        << socket_ << "\", \"max_vectors_per_call\": 3, "
+                        << "\"log_level\": \"warning\"}";
+  daemon_ = std::make_unique<DaemonProcess>(
+      std::vector<std::string>{"--config", config}, JoinPath(dir_, "daemon.log"));
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->GetVectors(main_id_, {{0, 6, 0}, {1, 6, 0}, {2, 6, 0}}).ok());
+  EXPECT_EQ(client->GetVectors(main_id_, std::vector<VectorCoord>(4)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(DaemonTest, BadConfigFileIsAUsageErrorNamingTheKey) {
+  const std::string config = JoinPath(dir_, "bad.json");
+  std::ofstream(config) << "{\"roots\": [\"" << root_ << "\"], \"listen_tpc\": \"x\"}";
+  DaemonProcess bad({"--config", config}, JoinPath(dir_, "bad.log"));
+  const int status = bad.WaitExit(std::chrono::seconds(10));
+  ASSERT_NE(status, -1);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "bad.log")).find("listen_tpc"), std::string::npos);
+  std::ofstream(config, std::ios::trunc) << "{\"roots\": \"" << root_ << "\"}";
+  DaemonProcess wrong_type({"--config", config}, JoinPath(dir_, "bad2.log"));
+  ASSERT_NE(wrong_type.WaitExit(std::chrono::seconds(10)), -1);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "bad2.log")).find("\"roots\""), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardcast
