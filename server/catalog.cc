@@ -40,7 +40,7 @@ bool LooksLikeDataset(const std::string& dir) {
 std::pair<int64_t, int64_t> Catalog::Rescan() {
   std::shared_ptr<const Snapshot> previous;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     previous = snapshot_;
   }
   // Log only what changed since the last scan (a rescan of 1000 datasets
@@ -117,7 +117,7 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
   for (const auto& [id, entry] : *previous) {
     if (next->count(id) == 0) LogInfo("dataset ", id, " is gone from ", entry->dir);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   snapshot_ = std::move(next);
   return {ok, failed};
 }
@@ -125,7 +125,7 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
 std::vector<std::shared_ptr<const CatalogEntry>> Catalog::List() const {
   std::shared_ptr<const Snapshot> snap;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     snap = snapshot_;
   }
   std::vector<std::shared_ptr<const CatalogEntry>> out;
@@ -137,7 +137,7 @@ absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Find(
     absl::string_view id) const {
   std::shared_ptr<const Snapshot> snap;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     snap = snapshot_;
   }
   auto exact = snap->find(std::string(id));

@@ -13,8 +13,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/dataset.h"
+#include "common/mutex.h"
 #include "common/reader.h"
 
 namespace shardcast {
@@ -54,7 +54,7 @@ class Catalog {
  private:
   using Snapshot = std::map<std::string, std::shared_ptr<const CatalogEntry>>;
   const std::vector<std::string> roots_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<Snapshot>();
 };

@@ -13,8 +13,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/file.h"
+#include "common/mutex.h"
 #include "common/pyjson.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
@@ -133,7 +133,8 @@ struct Daemon::Impl {
   std::thread http_thread;
   std::atomic<bool> serving{false};
 
-  absl::Mutex mu;
+  Mutex mu;
+  CondVar shutdown_cv{&mu};
   bool shutdown_started ABSL_GUARDED_BY(mu) = false;
   bool shutdown_done ABSL_GUARDED_BY(mu) = false;
 
@@ -271,9 +272,11 @@ void Daemon::Rescan() { impl_->Rescan(); }
 void Daemon::Shutdown() {
   Impl* d = impl_.get();
   {
-    absl::MutexLock lock(&d->mu);
+    MutexLock lock(&d->mu);
     if (d->shutdown_started) {
-      d->mu.Await(absl::Condition(&d->shutdown_done));
+      d->shutdown_cv.Wait([d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
+        return d->shutdown_done;
+      });
       return;
     }
     d->shutdown_started = true;
@@ -306,13 +309,17 @@ void Daemon::Shutdown() {
     ::unlink(absl::StrCat(d->options.unix_socket, ".lock").c_str());
   }
   LogInfo("stopped");
-  absl::MutexLock lock(&d->mu);
-  d->shutdown_done = true;
+  {
+    MutexLock lock(&d->mu);
+    d->shutdown_done = true;
+  }
+  d->shutdown_cv.SignalAll();
 }
 
 void Daemon::Wait() {
-  absl::MutexLock lock(&impl_->mu);
-  impl_->mu.Await(absl::Condition(&impl_->shutdown_done));
+  Impl* d = impl_.get();
+  MutexLock lock(&d->mu);
+  d->shutdown_cv.Wait([d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->shutdown_done; });
 }
 
 int Daemon::tcp_port() const { return impl_->tcp_port; }

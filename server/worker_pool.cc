@@ -8,27 +8,29 @@ WorkerPool::WorkerPool(int threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
+  work_ready_.SignalAll();
   for (std::thread& t : threads_) t.join();
 }
 
 void WorkerPool::Submit(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  {
+    MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+  }
+  work_ready_.Signal();
 }
 
 void WorkerPool::Loop() {
   while (true) {
     std::function<void()> task;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopping_ || !p->tasks_.empty();
-          },
-          this));
+      MutexLock lock(&mu_);
+      work_ready_.Wait([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !tasks_.empty();
+      });
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

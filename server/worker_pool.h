@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace shardcast {
 
@@ -26,7 +26,8 @@ class WorkerPool {
  private:
   void Loop();
 
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar work_ready_{&mu_};
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

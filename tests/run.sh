@@ -28,6 +28,13 @@ if [[ -n "$sanitize" ]]; then
   esac
 fi
 
+# Sanitizer reports fail the run. Debian's gRPC/Abseil/protobuf are not
+# TSan-instrumented: tests/tsan.supp silences reports whose top frame is in
+# them (see the file); races in our code are still reported.
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
+export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp:second_deadlock_stack=1"
+
 if [[ "${SHARDCAST_SKIP_DEPS:-0}" != 1 ]]; then
   bash deploy/install-deps.sh
 fi
