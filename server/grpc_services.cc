@@ -7,6 +7,7 @@
 #include "common/metadata.h"
 #include "common/pyjson.h"
 #include "common/status.h"
+#include "common/tsan.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "proto/grpc_status.h"
@@ -72,21 +73,28 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     service_->metrics()->calls_total++;
     service_->metrics()->calls_in_flight++;
     LogDebug("call ", method_, " from ", ctx->peer());
-    StartRead(&request_);
+    StartRead(&request_);  // queued until CreateReactor returns
+    TsanRelease(this);      // hand-off to gRPC (see common/tsan.h)
   }
 
   void OnReadDone(bool ok) override {
+    TsanAcquire(this);
     if (!ok) {
       FinishWith(absl::InvalidArgumentError(
           absl::StrCat(method_, ": the client sent no request message")));
       return;
     }
-    service_->pool()->Submit([this] { Run(); });
+    service_->pool()->Submit([this] {
+      TsanAcquire(this);
+      Run();
+    });
   }
 
-  void OnWriteDone(bool /*ok*/) override {}
+  void OnWriteDone(bool /*ok*/) override {
+  }
 
   void OnDone() override {
+    TsanAcquire(this);
     service_->metrics()->calls_in_flight--;
     delete this;
   }
@@ -101,6 +109,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     reply_ = std::move(*reply);
     service_->metrics()->bytes_served += reply_.Length();
     service_->metrics()->CallDone(absl::StatusCode::kOk);
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
@@ -143,6 +152,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   void FinishWith(const absl::Status& status) {
     service_->metrics()->CallDone(status.code());
     LogInfo("call ", method_, " failed: ", status.ToString());
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     Finish(ToGrpcStatus(status));
   }
 
@@ -185,28 +195,41 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     m->calls_total++;
     m->calls_in_flight++;
     m->streams_active++;
-    StartRead(&request_);
+    StartRead(&request_);  // queued until CreateReactor returns
+    TsanRelease(this);      // hand-off to gRPC (see common/tsan.h)
   }
 
   void OnReadDone(bool ok) override {
+    TsanAcquire(this);
     if (!ok) {
       FinishWith(absl::InvalidArgumentError("Stream: the client sent no request"));
       return;
     }
-    service_->pool()->Submit([this] { Open(); });
+    service_->pool()->Submit([this] {
+      TsanAcquire(this);
+      Open();
+    });
   }
 
   void OnWriteDone(bool ok) override {
+    TsanAcquire(this);
     if (!ok) {
       FinishWith(absl::CancelledError("the client went away"));
       return;
     }
-    service_->pool()->Submit([this] { Produce(); });
+    service_->pool()->Submit([this] {
+      TsanAcquire(this);
+      Produce();
+    });
   }
 
-  void OnCancel() override { cancelled_ = true; }
+  void OnCancel() override {
+    TsanAcquire(this);
+    cancelled_ = true;
+  }
 
   void OnDone() override {
+    TsanAcquire(this);
     Metrics* m = service_->metrics();
     m->calls_in_flight--;
     m->streams_active--;
@@ -280,12 +303,14 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     service_->metrics()->batches_sent++;
     service_->metrics()->bytes_served += reply_.Length();
     service_->metrics()->bytes_read_from_disk += payload;
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     StartWrite(&reply_);
   }
 
   void FinishWith(const absl::Status& status) {
     service_->metrics()->CallDone(status.code());
     final_status_ = status.ToString();
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     Finish(ToGrpcStatus(status));
   }
 
@@ -305,8 +330,16 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 // daemon drains for shutdown.
 class RefusingReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit RefusingReactor(grpc::Status status) { Finish(status); }
-  void OnDone() override { delete this; }
+  explicit RefusingReactor(grpc::Status status) {
+    Finish(status);
+    // In a constructor gRPC only queues the call (the reactor is not bound
+    // yet), so nothing can run on another thread before we return.
+    TsanRelease(this);
+  }
+  void OnDone() override {
+    TsanAcquire(this);
+    delete this;
+  }
 };
 
 }  // namespace
