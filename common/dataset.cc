@@ -158,37 +158,17 @@ std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
     auto size = FileSize(JoinPath(info.dir, name));
     if (size.ok()) total += *size;
   }
-  std::vector<char> buffer(8 << 20);
   for (const auto& [name, hex] : *entries) {
     const std::string file = JoinPath(info.dir, name);
-    auto fd = OpenFile(file, O_RDONLY);
-    if (!fd.ok()) {
-      problems.push_back(fd.status());
-      continue;
-    }
-    posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-    Sha256 h;
-    absl::Status st;
-    uint64_t offset = 0;
-    while (true) {
-      ssize_t n = ::pread(fd->get(), buffer.data(), buffer.size(),
-                          static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        st = ErrnoToStatus(errno, absl::StrCat("read ", file));
-        break;
-      }
-      if (n == 0) break;
-      h.Update(buffer.data(), static_cast<size_t>(n));
-      offset += static_cast<uint64_t>(n);
-      done += static_cast<uint64_t>(n);
+    absl::StatusOr<std::string> digest = Sha256File(file, [&](uint64_t n) {
+      done += n;
       if (progress != nullptr) progress(done, total);
-    }
-    if (!st.ok()) {
-      problems.push_back(st);
+    });
+    if (!digest.ok()) {
+      problems.push_back(digest.status());
       continue;
     }
-    const std::string actual = h.HexDigest();
+    const std::string& actual = *digest;
     if (actual != hex) {
       problems.push_back(absl::DataLossError(absl::StrCat(
           file, ": SHA-256 is ", actual, " but ", kChecksumsFile, " says ",

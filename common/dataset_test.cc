@@ -2,6 +2,7 @@
 // files are literal text and the shard files raw bytes written here with
 // plain file I/O, not by the project's writer.
 #include "common/dataset.h"
+#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -46,35 +47,8 @@ constexpr char kShards[] =
         {"name": "acts000002.bin", "n_examples": 2},
         {"name": "acts000003.bin", "n_examples": 1}])";
 
-class TempRoot {
- public:
-  TempRoot() {
-    std::string t = ::testing::TempDir() + "/dataset_test_XXXXXX";
-    char* p = mkdtemp(t.data());
-    EXPECT_NE(p, nullptr);
-    path_ = t;
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
 
- private:
-  std::string path_;
-};
 
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  ASSERT_TRUE(f.good()) << path;
-  f.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-  ASSERT_TRUE(f.good()) << path;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 float Value(int64_t e, int64_t li, int64_t t, int64_t d) {
   return static_cast<float>(e * 1000 + li * 100 + t) + d / 1000.0f;

@@ -1,6 +1,7 @@
 // Tests of the .npy header reader, on files written by hand (format 1.0 and
 // 2.0 headers built byte by byte here) and by /usr/bin/python3 numpy.
 #include "common/npy.h"
+#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,28 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-class TempRoot {
- public:
-  TempRoot() {
-    std::string t = ::testing::TempDir() + "/npy_test_XXXXXX";
-    EXPECT_NE(mkdtemp(t.data()), nullptr);
-    path_ = t;
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
 
- private:
-  std::string path_;
-};
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-  ASSERT_TRUE(f.good()) << path;
-}
 
 // A format 1.0 (major 1: 2-byte little-endian header length) or 2.0 (4-byte
 // length) .npy file: magic, version, length, the dict padded with spaces and

@@ -2,6 +2,7 @@
 // raw float bytes in C order), so the reader is checked against the protocol
 // rather than against the project's writer.
 #include "common/reader.h"
+#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -38,28 +39,7 @@ constexpr char kShards[] =
     R"([{"name":"acts000000.bin","n_examples":2},{"name":"acts000001.bin","n_examples":2},)"
     R"({"name":"acts000002.bin","n_examples":2},{"name":"acts000003.bin","n_examples":1}])";
 
-class TempRoot {
- public:
-  TempRoot() {
-    std::string t = ::testing::TempDir() + "/reader_test_XXXXXX";
-    EXPECT_NE(mkdtemp(t.data()), nullptr);
-    path_ = t;
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
 
- private:
-  std::string path_;
-};
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-  ASSERT_TRUE(f.good()) << path;
-}
 
 // The known pattern: value = e*1000 + layer_index*100 + t + d/1000.
 float Value(int64_t e, int64_t li, int64_t t, int64_t d) {

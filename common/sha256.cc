@@ -1,8 +1,16 @@
 #include "common/sha256.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/status.h"
 
 namespace shardcast {
 
@@ -44,6 +52,28 @@ std::string Sha256::HexDigest() {
 std::string Sha256Hex(absl::string_view data) {
   Sha256 h;
   h.Update(data);
+  return h.HexDigest();
+}
+
+absl::StatusOr<std::string> Sha256File(const std::string& path,
+                                       const std::function<void(uint64_t)>& on_bytes) {
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<char> buffer(8 << 20);
+  Sha256 h;
+  uint64_t offset = 0;
+  while (true) {
+    const ssize_t n = ::pread(fd.get(), buffer.data(), buffer.size(),
+                              static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    h.Update(buffer.data(), static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+    if (on_bytes) on_bytes(static_cast<uint64_t>(n));
+  }
   return h.HexDigest();
 }
 

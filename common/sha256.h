@@ -2,9 +2,12 @@
 #ifndef SHARDCAST_COMMON_SHA256_H_
 #define SHARDCAST_COMMON_SHA256_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 
@@ -31,6 +34,12 @@ class Sha256 {
 
 /// Lowercase hex SHA-256 of `data`.
 std::string Sha256Hex(absl::string_view data);
+
+/// Lowercase hex SHA-256 of a file's contents, read sequentially in 8 MiB
+/// chunks. `on_bytes` (may be empty) is called with each chunk's size, for
+/// progress. Errors from open/read, naming the path.
+absl::StatusOr<std::string> Sha256File(
+    const std::string& path, const std::function<void(uint64_t)>& on_bytes = {});
 
 }  // namespace shardcast
 

@@ -38,26 +38,6 @@ Json LayersJson(const std::vector<int64_t>& layers) {
   return a;
 }
 
-// Hashes a file's contents (used to compare against an existing dataset).
-absl::StatusOr<std::string> HashFile(const std::string& path) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  std::vector<char> buffer(8 << 20);
-  Sha256 h;
-  uint64_t offset = 0;
-  while (true) {
-    ssize_t n = ::pread(fd.get(), buffer.data(), buffer.size(),
-                        static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    h.Update(buffer.data(), static_cast<size_t>(n));
-    offset += static_cast<uint64_t>(n);
-  }
-  return h.HexDigest();
-}
-
 }  // namespace
 
 Json BuildMetadata(const WriterOptions& o) {
@@ -273,7 +253,7 @@ absl::Status DatasetWriter::CompareWithExisting(const std::string& target) {
   }
   for (const auto& [name, hex] : sums_) {
     if (name == kMetadataFile || name == kShardsFile) continue;
-    absl::StatusOr<std::string> actual = HashFile(JoinPath(target, name));
+    absl::StatusOr<std::string> actual = Sha256File(JoinPath(target, name));
     if (!actual.ok() || *actual != hex) {
       return absl::AlreadyExistsError(absl::StrCat(
           target, " already exists but its ", name,

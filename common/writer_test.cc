@@ -2,6 +2,7 @@
 // literals from /usr/bin/python3 hashlib; expected file contents are built
 // here in C order with plain loops; checksums are verified by `sha256sum -c`.
 #include "common/writer.h"
+#include "common/testing.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -54,27 +55,7 @@ constexpr char kMetadataText[] =
     "    \"data\": \"gASVZmFrZQ==\",\n    \"dataset\": \"/data/caf\\u00e9\",\n"
     "    \"dtype\": \"float32\",\n    \"protocol\": \"2.1\"\n}\n";
 
-class TempRoot {
- public:
-  TempRoot() {
-    std::string t = ::testing::TempDir() + "/writer_test_XXXXXX";
-    EXPECT_NE(mkdtemp(t.data()), nullptr);
-    path_ = t;
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
 
- private:
-  std::string path_;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 std::set<std::string> List(const std::string& dir) {
   std::set<std::string> names;
