@@ -58,6 +58,15 @@ dt = time.time() - t0
 print(f"20 CLI get calls (process start + connect + query) in {dt:.2f} s, "
       f"{dt / 20 * 1000:.1f} ms each")
 PY
+echo "== two trainers streaming the dataset (ordered mode, ranks 0 and 1 of 2, checked) =="
+trainers=()
+for rank in 0 1; do
+  $sc --server "unix:$sock" stream "$id" --tokens all --batch-size 4096 \
+    --rank $rank --world-size 2 --check > "${root}-run/stream.$rank.txt" &
+  trainers+=($!)
+done
+wait "${trainers[@]}"
+for rank in 0 1; do echo "rank $rank: $(tr '\n' ' ' < "${root}-run/stream.$rank.txt")"; done
 $sc --server "unix:$sock" status
 kill -TERM $daemon
 wait $daemon && echo "shardcastd exited 0 after SIGTERM"
