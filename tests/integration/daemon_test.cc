@@ -253,7 +253,8 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
 }
 
 TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
-  daemon_ = StartDaemon({"--max-vectors-per-call", "16"});
+  // 16 vectors or 1024 bytes (8 vectors of 32 floats) per call at most.
+  daemon_ = StartDaemon({"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   auto code = [](const auto& r) { return r.status().code(); };
@@ -268,6 +269,13 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
   EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 7, 0}})),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(client->GetVectors(main_id_, std::vector<VectorCoord>(17))),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(client->GetVectors(main_id_, std::vector<VectorCoord>(8, {0, 6, 0})).ok());
+  auto too_many_bytes = client->GetVectors(main_id_, std::vector<VectorCoord>(9, {0, 6, 0}));
+  EXPECT_EQ(too_many_bytes.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(too_many_bytes.status().message()).find("1024"), std::string::npos)
+      << too_many_bytes.status();
+  EXPECT_EQ(code(client->GetExample(main_id_, 0, 6)),  // 17 x 32 floats > 1024 bytes
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(code(client->GetVectors("badbadbad", {{0, 6, 0}})),
             absl::StatusCode::kFailedPrecondition);
