@@ -22,9 +22,9 @@ absl::StatusOr<VectorBlock> ToBlock(const v1::Vectors& reply) {
     count *= s;
   }
   if (static_cast<uint64_t>(count) * 4 != reply.data().size()) {
-    return absl::DataLossError(absl::StrCat(
-        "reply shape holds ", count, " floats but carries ", reply.data().size(),
-        " bytes"));
+    return absl::DataLossError(absl::StrCat("reply shape holds ", count,
+                                            " floats but carries ",
+                                            reply.data().size(), " bytes"));
   }
   // One copy out of the protobuf string, without zero-filling first.
   const float* first = reinterpret_cast<const float*>(reply.data().data());
@@ -57,12 +57,13 @@ class GrpcBatchStream final : public BatchStream {
 
 }  // namespace
 
-std::unique_ptr<BatchStream> Client::OpenStream(const v1::StreamRequest& request) {
+std::unique_ptr<BatchStream> Client::OpenStream(
+    const v1::StreamRequest& request) {
   return std::make_unique<GrpcBatchStream>(stream_.get(), request);
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
-                                                        const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& address, const ClientOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> creds;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -71,8 +72,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
     grpc::SslCredentialsOptions ssl;
     ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(options.tls_ca_file));
     if (!options.tls_cert_file.empty()) {
-      ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(options.tls_cert_file));
-      ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(options.tls_key_file));
+      ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                       ReadFileToString(options.tls_cert_file));
+      ASSIGN_OR_RETURN(ssl.pem_private_key,
+                       ReadFileToString(options.tls_key_file));
     }
     creds = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) {
@@ -85,9 +88,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::seconds(options.connect_timeout_seconds);
   if (!channel->WaitForConnected(deadline)) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to shardcastd at ", address, " within ",
-        options.connect_timeout_seconds, " s (is it running? right address/TLS?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to shardcastd at ", address, " within ",
+                     options.connect_timeout_seconds,
+                     " s (is it running? right address/TLS?)"));
   }
   return std::unique_ptr<Client>(new Client(std::move(channel)));
 }
@@ -97,10 +101,12 @@ absl::StatusOr<std::vector<v1::DatasetInfo>> Client::ListDatasets() {
   v1::ListDatasetsRequest req;
   v1::ListDatasetsResponse resp;
   RETURN_IF_ERROR(FromGrpcStatus(admin_->ListDatasets(&ctx, req, &resp)));
-  return std::vector<v1::DatasetInfo>(resp.datasets().begin(), resp.datasets().end());
+  return std::vector<v1::DatasetInfo>(resp.datasets().begin(),
+                                      resp.datasets().end());
 }
 
-absl::StatusOr<v1::DatasetInfo> Client::DescribeDataset(const std::string& dataset) {
+absl::StatusOr<v1::DatasetInfo> Client::DescribeDataset(
+    const std::string& dataset) {
   grpc::ClientContext ctx;
   v1::DescribeDatasetRequest req;
   req.set_dataset(dataset);
@@ -117,8 +123,8 @@ absl::StatusOr<v1::ServerStatus> Client::GetStatus() {
   return resp;
 }
 
-absl::StatusOr<VectorBlock> Client::GetVectors(const std::string& dataset,
-                                               const std::vector<VectorCoord>& coords) {
+absl::StatusOr<VectorBlock> Client::GetVectors(
+    const std::string& dataset, const std::vector<VectorCoord>& coords) {
   grpc::ClientContext ctx;
   v1::GetVectorsRequest req;
   req.set_dataset(dataset);

@@ -62,13 +62,15 @@ class Client {
   absl::StatusOr<v1::DatasetInfo> DescribeDataset(const std::string& dataset);
   absl::StatusOr<v1::ServerStatus> GetStatus();
   /// [N, D] vectors in the order of `coords`.
-  absl::StatusOr<VectorBlock> GetVectors(const std::string& dataset,
-                                         const std::vector<VectorCoord>& coords);
+  absl::StatusOr<VectorBlock> GetVectors(
+      const std::string& dataset, const std::vector<VectorCoord>& coords);
   /// [T, D] of one layer, or [L, T, D] when `layer` is empty.
-  absl::StatusOr<VectorBlock> GetExample(const std::string& dataset, int64_t example,
+  absl::StatusOr<VectorBlock> GetExample(const std::string& dataset,
+                                         int64_t example,
                                          std::optional<int64_t> layer);
   /// The example's content-token labels (uint8 each).
-  absl::StatusOr<std::string> GetLabels(const std::string& dataset, int64_t example);
+  absl::StatusOr<std::string> GetLabels(const std::string& dataset,
+                                        int64_t example);
   /// Opens a stream of batches (Stream.Stream).
   std::unique_ptr<BatchStream> OpenStream(const v1::StreamRequest& request);
 

@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
-#include "common/pyjson.h"
 #include "client/progress.h"
 #include "common/dataset.h"
 #include "common/npy.h"
+#include "common/pyjson.h"
 #include "common/reader.h"
 #include "common/status.h"
 #include "common/synth.h"
@@ -33,7 +33,9 @@ int Usage(const char* command, const std::string& message) {
   return kExitUsage;
 }
 
-void PrintJson(const OrderedJson& j) { std::printf("%s\n", JsonText(j, 2).c_str()); }
+void PrintJson(const OrderedJson& j) {
+  std::printf("%s\n", JsonText(j, 2).c_str());
+}
 
 // Shortest decimal that round-trips to the same float32 (at most 9
 // significant digits). Non-finite values are spelled as Python's json does.
@@ -48,8 +50,8 @@ void AppendFloat(std::string& out, float v) {
     out.append(buf, r.ptr);
     // "-0" or "3" would be read back as integers (losing -0.0's sign in
     // Python's json); keep them floats as Python's repr does.
-    if (std::string_view(buf, static_cast<size_t>(r.ptr - buf)).find_first_of(".eE") ==
-        std::string_view::npos) {
+    if (std::string_view(buf, static_cast<size_t>(r.ptr - buf))
+            .find_first_of(".eE") == std::string_view::npos) {
       out += ".0";
     }
   }
@@ -91,11 +93,12 @@ void PrintWriteResult(const char* command, const WriteResult& r,
     PrintJson(WriteResultJson(r, d));
     return;
   }
-  std::printf("%s %s (%lld examples in %lld shards, %.1f MiB)\n",
-              r.reused ? "reused identical existing dataset" : "wrote",
-              r.path.c_str(), static_cast<long long>(d.n_examples),
-              static_cast<long long>(d.num_data_shards()),
-              static_cast<double>(d.n_examples * d.example_bytes()) / (1 << 20));
+  std::printf(
+      "%s %s (%lld examples in %lld shards, %.1f MiB)\n",
+      r.reused ? "reused identical existing dataset" : "wrote", r.path.c_str(),
+      static_cast<long long>(d.n_examples),
+      static_cast<long long>(d.num_data_shards()),
+      static_cast<double>(d.n_examples * d.example_bytes()) / (1 << 20));
   (void)command;
 }
 
@@ -103,7 +106,8 @@ void PrintWriteResult(const char* command, const WriteResult& r,
 
 int RunSynth(const Args& args) {
   const char* cmd = "synth";
-  if (args.positional().size() != 1) return Usage(cmd, "expected one ROOT directory");
+  if (args.positional().size() != 1)
+    return Usage(cmd, "expected one ROOT directory");
   WriterOptions o;
   o.root = args.positional()[0];
   auto layers = args.GetIntList("layers", "6,12");
@@ -146,13 +150,15 @@ int RunSynth(const Args& args) {
       1, static_cast<int64_t>(kChunkBytes / d.example_bytes()));
   std::vector<float> values;
   std::vector<uint8_t> labels;
-  Progress progress("synth", static_cast<uint64_t>(d.n_examples) * d.example_bytes());
+  Progress progress("synth",
+                    static_cast<uint64_t>(d.n_examples) * d.example_bytes());
   const uint64_t useed = static_cast<uint64_t>(*seed);
   for (int64_t e0 = 0; e0 < d.n_examples; e0 += chunk) {
     const int64_t n = std::min(chunk, d.n_examples - e0);
     values.resize(static_cast<size_t>(n) * per_example);
     const uint64_t base = static_cast<uint64_t>(e0) * per_example;
-    for (size_t i = 0; i < values.size(); ++i) values[i] = SynthValue(useed, base + i);
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = SynthValue(useed, base + i);
     absl::Status st = (*writer)->Append(values.data(), values.size() * 4);
     if (st.ok() && o.with_labels) {
       const uint64_t ct = static_cast<uint64_t>(d.content_tokens);
@@ -176,9 +182,12 @@ int RunSynth(const Args& args) {
 
 int RunWrite(const Args& args) {
   const char* cmd = "write";
-  if (args.positional().size() != 1) return Usage(cmd, "expected one ROOT directory");
+  if (args.positional().size() != 1)
+    return Usage(cmd, "expected one ROOT directory");
   if (!args.Has("from")) return Usage(cmd, "--from FILE.npy is required");
-  if (!args.Has("layers")) return Usage(cmd, "--layers is required (the recorded layer values, e.g. 6,12)");
+  if (!args.Has("layers"))
+    return Usage(cmd,
+                 "--layers is required (the recorded layer values, e.g. 6,12)");
   auto layers = args.GetIntList("layers", "");
   auto budget = args.GetInt("budget", 2400000);
   if (!layers.ok()) return Usage(cmd, std::string(layers.status().message()));
@@ -190,18 +199,20 @@ int RunWrite(const Args& args) {
     auto npy = OpenNpy(path);
     if (!npy.ok()) return Fail(cmd, std::string(npy.status().message()));
     if (npy->descr != "<f4" || npy->shape.size() != 4) {
-      return Fail(cmd, absl::StrCat(path, ": expected a float32 array shaped "
-                                          "[N, L, T, D], got dtype ", npy->descr,
-                                    " with shape [",
+      return Fail(cmd, absl::StrCat(path,
+                                    ": expected a float32 array shaped "
+                                    "[N, L, T, D], got dtype ",
+                                    npy->descr, " with shape [",
                                     absl::StrJoin(npy->shape, ", "), "]"));
     }
     if (!inputs.empty()) {
       const auto& first = inputs.front().shape;
       if (!std::equal(first.begin() + 1, first.end(), npy->shape.begin() + 1)) {
-        return Fail(cmd, absl::StrCat(
-            path, ": shape [", absl::StrJoin(npy->shape, ", "),
-            "] does not match ", inputs.front().path, " [",
-            absl::StrJoin(first, ", "), "] after the first axis"));
+        return Fail(
+            cmd,
+            absl::StrCat(path, ": shape [", absl::StrJoin(npy->shape, ", "),
+                         "] does not match ", inputs.front().path, " [",
+                         absl::StrJoin(first, ", "), "] after the first axis"));
       }
     }
     n_total += npy->shape[0];
@@ -210,8 +221,9 @@ int RunWrite(const Args& args) {
   const auto& shape = inputs.front().shape;
   const bool cls = args.Has("cls");
   if (shape[1] != static_cast<int64_t>(layers->size())) {
-    return Fail(cmd, absl::StrCat(inputs.front().path, ": axis 1 has ", shape[1],
-                                  " layers but --layers lists ", layers->size()));
+    return Fail(cmd,
+                absl::StrCat(inputs.front().path, ": axis 1 has ", shape[1],
+                             " layers but --layers lists ", layers->size()));
   }
   if (cls && shape[2] < 1) return Fail(cmd, "--cls needs at least one token");
 
@@ -232,12 +244,15 @@ int RunWrite(const Args& args) {
   if (args.Has("labels-from")) {
     auto npy = OpenNpy(args.Get("labels-from"));
     if (!npy.ok()) return Fail(cmd, std::string(npy.status().message()));
-    if ((npy->descr != "|u1" && npy->descr != "<u1") || npy->shape.size() != 2 ||
-        npy->shape[0] != n_total || npy->shape[1] != o.content_tokens) {
-      return Fail(cmd, absl::StrCat(
-          npy->path, ": labels must be uint8 shaped [", n_total, ", ",
-          o.content_tokens, "] (examples, content tokens), got dtype ",
-          npy->descr, " with shape [", absl::StrJoin(npy->shape, ", "), "]"));
+    if ((npy->descr != "|u1" && npy->descr != "<u1") ||
+        npy->shape.size() != 2 || npy->shape[0] != n_total ||
+        npy->shape[1] != o.content_tokens) {
+      return Fail(
+          cmd,
+          absl::StrCat(npy->path, ": labels must be uint8 shaped [", n_total,
+                       ", ", o.content_tokens,
+                       "] (examples, content tokens), got dtype ", npy->descr,
+                       " with shape [", absl::StrJoin(npy->shape, ", "), "]"));
     }
     labels = std::move(*npy);
     o.with_labels = true;
@@ -246,8 +261,9 @@ int RunWrite(const Args& args) {
   auto writer = DatasetWriter::Create(o);
   if (!writer.ok()) return Fail(cmd, std::string(writer.status().message()));
   const DatasetDesc& d = (*writer)->desc();
-  Progress progress("write", static_cast<uint64_t>(n_total) * d.example_bytes() +
-                                 labels.data_bytes);
+  Progress progress(
+      "write",
+      static_cast<uint64_t>(n_total) * d.example_bytes() + labels.data_bytes);
   std::vector<char> buffer(kChunkBytes);
   uint64_t done = 0;
   auto copy = [&](const NpyFile& in, bool is_labels) -> absl::Status {
@@ -287,12 +303,15 @@ int RunWrite(const Args& args) {
 
 int RunInfo(const Args& args) {
   const char* cmd = "info";
-  if (args.positional().size() != 1) return Usage(cmd, "expected one dataset DIR");
+  if (args.positional().size() != 1)
+    return Usage(cmd, "expected one dataset DIR");
   auto info = ReadDatasetInfo(args.positional()[0]);
   if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
   const DatasetDesc& d = info->desc;
-  for (const std::string& w : d.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  const uint64_t bytes = static_cast<uint64_t>(d.n_examples) * d.example_bytes();
+  for (const std::string& w : d.warnings)
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  const uint64_t bytes =
+      static_cast<uint64_t>(d.n_examples) * d.example_bytes();
   if (args.Has("json")) {
     OrderedJson j;
     j["path"] = info->dir;
@@ -300,7 +319,7 @@ int RunInfo(const Args& args) {
     j["variant"] = std::string(VariantName(d.variant));
     j["hash"] = info->hash;
     j["hash_kind"] = d.variant == Variant::kV2Saev ? "sha256-file-order-8"
-                                                    : "sha256-sorted-keys";
+                                                   : "sha256-sorted-keys";
     j["hash_matches_dir"] = info->hash_matches_dir;
     j["layers"] = d.layers;
     j["content_tokens"] = d.content_tokens;
@@ -330,14 +349,16 @@ int RunInfo(const Args& args) {
                                      : "does NOT match the directory name");
   std::printf("layers      [%s]\n", absl::StrJoin(d.layers, ", ").c_str());
   std::printf("tokens      %lld content%s = %lld per example\n",
-              static_cast<long long>(d.content_tokens), d.cls_token ? " + CLS" : "",
+              static_cast<long long>(d.content_tokens),
+              d.cls_token ? " + CLS" : "",
               static_cast<long long>(d.tokens_per_example));
   std::printf("d_model     %lld\n", static_cast<long long>(d.d_model));
   std::printf("examples    %lld in %lld shard(s) of up to %lld\n",
               static_cast<long long>(d.n_examples),
               static_cast<long long>(d.num_data_shards()),
               static_cast<long long>(d.examples_per_shard));
-  std::printf("size        %.1f MiB of float32\n", static_cast<double>(bytes) / (1 << 20));
+  std::printf("size        %.1f MiB of float32\n",
+              static_cast<double>(bytes) / (1 << 20));
   std::printf("labels      %s\n", info->has_labels ? "yes" : "no");
   std::printf("checksums   %s\n", info->has_checksums ? "SHA256SUMS" : "none");
   return kExitOk;
@@ -349,7 +370,8 @@ Progress* g_verify_progress = nullptr;
 
 int RunVerify(const Args& args) {
   const char* cmd = "verify";
-  if (args.positional().size() != 1) return Usage(cmd, "expected one dataset DIR");
+  if (args.positional().size() != 1)
+    return Usage(cmd, "expected one dataset DIR");
   const std::string dir = args.positional()[0];
   std::vector<std::string> problems;
   std::vector<std::string> warnings;
@@ -363,15 +385,16 @@ int RunVerify(const Args& args) {
       problems.emplace_back(s.message());
     }
     if (!info->hash_matches_dir) {
-      problems.push_back(absl::StrCat(
-          dir, ": directory name \"", info->dir_name,
-          "\" does not match the content hash of metadata.json (", info->hash,
-          ")"));
+      problems.push_back(
+          absl::StrCat(dir, ": directory name \"", info->dir_name,
+                       "\" does not match the content hash of metadata.json (",
+                       info->hash, ")"));
     }
     if (info->has_checksums) {
       Progress progress("verify checksums", 0, !args.Has("json"));
       g_verify_progress = &progress;
-      for (const absl::Status& s : VerifyChecksums(*info, [](uint64_t done, uint64_t) {
+      for (const absl::Status& s :
+           VerifyChecksums(*info, [](uint64_t done, uint64_t) {
              g_verify_progress->Update(done);
            })) {
         problems.emplace_back(s.message());
@@ -381,7 +404,8 @@ int RunVerify(const Args& args) {
       checked_sums = true;
     }
   }
-  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const std::string& w : warnings)
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (args.Has("json")) {
     OrderedJson j;
     j["path"] = dir;
@@ -408,7 +432,8 @@ int RunVerify(const Args& args) {
 
 int RunGet(const Args& args) {
   const char* cmd = "get";
-  if (args.positional().size() != 1) return Usage(cmd, "expected one dataset DIR");
+  if (args.positional().size() != 1)
+    return Usage(cmd, "expected one dataset DIR");
   if (!args.Has("example")) return Usage(cmd, "--example is required");
   if (!args.Has("layer")) return Usage(cmd, "--layer is required");
   const bool all_tokens = args.Has("all-tokens");
@@ -418,7 +443,8 @@ int RunGet(const Args& args) {
   auto example = args.GetInt("example", 0);
   auto layer = args.GetInt("layer", 0);
   auto token = args.GetInt("token", 0);
-  for (const absl::Status& s : {example.status(), layer.status(), token.status()}) {
+  for (const absl::Status& s :
+       {example.status(), layer.status(), token.status()}) {
     if (!s.ok()) return Usage(cmd, std::string(s.message()));
   }
   auto reader = DatasetReader::Open(args.positional()[0]);
@@ -426,9 +452,9 @@ int RunGet(const Args& args) {
   const DatasetDesc& d = (*reader)->desc();
   const int64_t rows = all_tokens ? d.tokens_per_example : 1;
   std::vector<float> v(static_cast<size_t>(rows * d.d_model));
-  absl::Status st = all_tokens
-                        ? (*reader)->ReadLayerSlice(*example, *layer, v.data())
-                        : (*reader)->ReadVector(*example, *layer, *token, v.data());
+  absl::Status st =
+      all_tokens ? (*reader)->ReadLayerSlice(*example, *layer, v.data())
+                 : (*reader)->ReadVector(*example, *layer, *token, v.data());
   if (!st.ok()) return Fail(cmd, std::string(st.message()));
   return PrintVectors(cmd, v.data(), all_tokens ? rows : -1, d.d_model,
                       args.Has("json"), args.Has("raw"));
@@ -478,29 +504,40 @@ int Fail(const char* command, const std::string& message) {
 std::vector<Command> LocalCommands() {
   const OptionSpec json{"json", nullptr, "print machine-readable JSON"};
   return {
-      {"synth", "synth ROOT [options]",
+      {"synth",
+       "synth ROOT [options]",
        "write a deterministic synthetic dataset (tests, demos, benchmarks)",
        "Writes a dataset of seeded pseudo-random float32 values into "
        "ROOT/<HASH> with the crash-safe writer and prints its path and hash.\n"
        "Element i of the logical C-order tensor [N, L, T, D] is\n"
        "float32((h >> 40) / 2^24 * 2 - 1), h = splitmix64(seed * 0x100000001B3 "
        "XOR i),\nso any reader can recompute the expected values.",
-       {{"layers", "L1,L2,...", "recorded layer values (default 6,12; negative allowed)"},
-        {"tokens", "N", "content tokens (patches) per example, without CLS (default 256)"},
+       {{"layers", "L1,L2,...",
+         "recorded layer values (default 6,12; negative allowed)"},
+        {"tokens", "N",
+         "content tokens (patches) per example, without CLS (default 256)"},
         {"cls", nullptr, "add a CLS token at token index 0"},
         {"d-model", "D", "activation width (default 1024)"},
         {"examples", "N", "number of examples (default 16)"},
-        {"budget", "TOKENS", "tokens per shard budget, patches_per_shard (default 2400000)"},
+        {"budget", "TOKENS",
+         "tokens per shard budget, patches_per_shard (default 2400000)"},
         {"labels", nullptr, "also write labels.bin (uint8 per content token)"},
         {"seed", "S", "seed of the values (default 0)"},
-        {"variant", "V", "2.1 (default, what we write), 2.1-saev or 1.0.0 (as other tools write)"},
-        {"full-last-shard", nullptr, "pad the last shard file to full size (as saev does)"},
-        {"trailing-empty-shard", nullptr, "add saev's trailing {n_examples: 0} entry (not with 2.1)"},
-        {"family", "F", "model family recorded in metadata (default synthetic)"},
+        {"variant", "V",
+         "2.1 (default, what we write), 2.1-saev or 1.0.0 (as other tools "
+         "write)"},
+        {"full-last-shard", nullptr,
+         "pad the last shard file to full size (as saev does)"},
+        {"trailing-empty-shard", nullptr,
+         "add saev's trailing {n_examples: 0} entry (not with 2.1)"},
+        {"family", "F",
+         "model family recorded in metadata (default synthetic)"},
         {"ckpt", "C", "checkpoint recorded in metadata (default synthetic)"},
         json},
        RunSynth},
-      {"write", "write ROOT --from FILE.npy [--from FILE2.npy ...] --layers L1,L2 [options]",
+      {"write",
+       "write ROOT --from FILE.npy [--from FILE2.npy ...] --layers L1,L2 "
+       "[options]",
        "write a protocol 2.1 dataset from float32 .npy arrays",
        "Streams float32 arrays shaped [N, L, T, D] (T includes the CLS token "
        "when --cls) into a new dataset ROOT/<HASH>, concatenating the files "
@@ -509,28 +546,39 @@ std::vector<Command> LocalCommands() {
        "a complete-looking dataset. If an identical dataset exists it is "
        "reused; if a different one has the same hash the command fails and "
        "keeps the new data in the temporary directory.",
-       {{"from", "FILE.npy", "input array [N, L, T, D] float32 (repeatable)", true},
+       {{"from", "FILE.npy", "input array [N, L, T, D] float32 (repeatable)",
+         true},
         {"layers", "L1,L2,...", "layer values of axis 1 (required)"},
         {"cls", nullptr, "token 0 of axis 2 is the CLS token"},
-        {"budget", "TOKENS", "patches_per_shard token budget (default 2400000)"},
-        {"labels-from", "FILE.npy", "uint8 labels [N, content tokens] for labels.bin"},
+        {"budget", "TOKENS",
+         "patches_per_shard token budget (default 2400000)"},
+        {"labels-from", "FILE.npy",
+         "uint8 labels [N, content tokens] for labels.bin"},
         {"family", "F", "model family (clip, siglip, dinov2, ...)"},
         {"ckpt", "C", "model checkpoint identifier"},
         {"data", "STR", "opaque dataset description (seed 000: base64 pickle)"},
         {"dataset", "PATH", "path of the source dataset"},
         json},
        RunWrite},
-      {"info", "info DIR [--json]", "describe a dataset (any protocol variant)",
+      {"info",
+       "info DIR [--json]",
+       "describe a dataset (any protocol variant)",
        "Parses metadata.json and shards.json (protocol 1.0.0/1.1, 2.1, or 2.1 "
        "as saev writes it) and prints the dataset's shape, shards and content "
        "hash. Does not read shard files; use `verify` for that.",
-       {json}, RunInfo},
-      {"verify", "verify DIR [--json]", "check a dataset's files, hash and SHA256SUMS",
+       {json},
+       RunInfo},
+      {"verify",
+       "verify DIR [--json]",
+       "check a dataset's files, hash and SHA256SUMS",
        "Checks the metadata, every shard file's size, labels.bin, that the "
        "directory is named by the content hash, and every SHA256SUMS entry. "
        "Exit 0 when sound; exit 1 with one line per problem on stdout.",
-       {json}, RunVerify},
-      {"get", "get DIR --example E --layer L (--token T | --all-tokens) [--json|--raw]",
+       {json},
+       RunVerify},
+      {"get",
+       "get DIR --example E --layer L (--token T | --all-tokens) "
+       "[--json|--raw]",
        "print one activation vector (or all tokens of one layer of an example)",
        "Reads the vector of (example E, layer value L, token index T) at the "
        "protocol's offset. T is the index on the token axis, 0..T-1; with a "

@@ -42,7 +42,8 @@ OrderedJson InfoJson(const v1::DatasetInfo& d) {
   j["num_shards"] = d.num_shards();
   j["bytes"] = d.bytes();
   j["has_labels"] = d.has_labels();
-  j["warnings"] = std::vector<std::string>(d.warnings().begin(), d.warnings().end());
+  j["warnings"] =
+      std::vector<std::string>(d.warnings().begin(), d.warnings().end());
   return j;
 }
 
@@ -89,8 +90,8 @@ int RunInfo(const Args& args) {
 
 int RunGet(const Args& args) {
   const char* cmd = "get";
-  if (args.positional().size() != 1 || !args.Has("example") || !args.Has("layer") ||
-      args.Has("all-tokens") == args.Has("token")) {
+  if (args.positional().size() != 1 || !args.Has("example") ||
+      !args.Has("layer") || args.Has("all-tokens") == args.Has("token")) {
     std::fprintf(stderr,
                  "shardcast get: expected ID --example E --layer L "
                  "(--token T | --all-tokens)\n");
@@ -99,9 +100,11 @@ int RunGet(const Args& args) {
   auto example = args.GetInt("example", 0);
   auto layer = args.GetInt("layer", 0);
   auto token = args.GetInt("token", 0);
-  for (const absl::Status& s : {example.status(), layer.status(), token.status()}) {
+  for (const absl::Status& s :
+       {example.status(), layer.status(), token.status()}) {
     if (!s.ok()) {
-      std::fprintf(stderr, "shardcast get: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "shardcast get: %s\n",
+                   std::string(s.message()).c_str());
       return kExitUsage;
     }
   }
@@ -133,10 +136,12 @@ int RunStream(const Args& args) {
   auto world = args.GetInt("world-size", 1);
   auto seed = args.GetInt("seed", 0);
   auto layer = args.GetInt("layer", 0);
-  for (const absl::Status& s : {batch.status(), epochs.status(), rank.status(),
-                                world.status(), seed.status(), layer.status()}) {
+  for (const absl::Status& s :
+       {batch.status(), epochs.status(), rank.status(), world.status(),
+        seed.status(), layer.status()}) {
     if (!s.ok()) {
-      std::fprintf(stderr, "shardcast stream: %s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "shardcast stream: %s\n",
+                   std::string(s.message()).c_str());
       return kExitUsage;
     }
   }
@@ -149,12 +154,14 @@ int RunStream(const Args& args) {
   } else if (tokens == "all") {
     req.set_tokens(v1::TOKENS_ALL);
   } else {
-    std::fprintf(stderr, "shardcast stream: --tokens takes content, special or all\n");
+    std::fprintf(stderr,
+                 "shardcast stream: --tokens takes content, special or all\n");
     return kExitUsage;
   }
   const std::string order = args.Get("order", "ordered");
   if (order != "ordered" && order != "shuffled") {
-    std::fprintf(stderr, "shardcast stream: --order takes ordered or shuffled\n");
+    std::fprintf(stderr,
+                 "shardcast stream: --order takes ordered or shuffled\n");
     return kExitUsage;
   }
   req.set_order(order == "ordered" ? v1::ORDER_ORDERED : v1::ORDER_SHUFFLED);
@@ -184,7 +191,8 @@ int RunStream(const Args& args) {
     int64_t seen_count = 0;
     for (uint8_t s : seen) seen_count += s;
     problems.push_back(absl::StrCat("epoch ", current_epoch, ": ", seen_count,
-                                    " distinct vectors, ", duplicates, " repeated"));
+                                    " distinct vectors, ", duplicates,
+                                    " repeated"));
     std::fill(seen.begin(), seen.end(), 0);
     duplicates = 0;
   };
@@ -201,14 +209,16 @@ int RunStream(const Args& args) {
     vectors += b.rows();
     bytes += b.vectors().size();
     last_token = b.resume_token();
-    if (static_cast<int64_t>(b.vectors().size()) != b.rows() * b.d_model() * 4 ||
+    if (static_cast<int64_t>(b.vectors().size()) !=
+            b.rows() * b.d_model() * 4 ||
         static_cast<int64_t>(b.example_idx().size()) != b.rows() * 8 ||
         static_cast<int64_t>(b.token_idx().size()) != b.rows() * 4) {
       return Fail(cmd, absl::StrCat("batch ", batches, " is malformed"));
     }
     if (check) {
       std::map<int64_t, int64_t> layer_index;
-      for (int i = 0; i < info->layers_size(); ++i) layer_index[info->layers(i)] = i;
+      for (int i = 0; i < info->layers_size(); ++i)
+        layer_index[info->layers(i)] = i;
       for (int64_t i = 0; i < b.rows(); ++i) {
         int64_t e;
         int32_t t;
@@ -247,7 +257,8 @@ int RunStream(const Args& args) {
     std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     std::printf("%lld batches, %lld vectors, %.1f MiB in %.2f s (%.0f MiB/s)\n",
-                static_cast<long long>(batches), static_cast<long long>(vectors),
+                static_cast<long long>(batches),
+                static_cast<long long>(vectors),
                 static_cast<double>(bytes) / (1 << 20), secs,
                 secs > 0 ? static_cast<double>(bytes) / (1 << 20) / secs : 0.0);
     for (const std::string& p : problems) std::printf("%s\n", p.c_str());
@@ -292,15 +303,24 @@ void SetRemoteTarget(const std::string& address, const ClientOptions& options) {
 std::vector<Command> RemoteCommands() {
   const OptionSpec json{"json", nullptr, "print machine-readable JSON"};
   return {
-      {"ls", "--server A ls [--json]", "list the daemon's datasets (rejected ones too)",
+      {"ls",
+       "--server A ls [--json]",
+       "list the daemon's datasets (rejected ones too)",
        "Lists every dataset directory the daemon found, with its shape, or the "
        "error that kept it from being served.",
-       {json}, RunLs},
-      {"info", "--server A info ID [--json]", "describe one dataset served by the daemon",
-       "ID is the dataset's directory name (content hash) or a unique prefix of "
+       {json},
+       RunLs},
+      {"info",
+       "--server A info ID [--json]",
+       "describe one dataset served by the daemon",
+       "ID is the dataset's directory name (content hash) or a unique prefix "
+       "of "
        "at least 8 characters. Prints JSON.",
-       {json}, RunInfo},
-      {"get", "--server A get ID --example E --layer L (--token T | --all-tokens) [--json|--raw]",
+       {json},
+       RunInfo},
+      {"get",
+       "--server A get ID --example E --layer L (--token T | --all-tokens) "
+       "[--json|--raw]",
        "read one vector (or one layer of an example) through the daemon",
        "Same output as the local `get`: T is the index on the token axis (0 is "
        "CLS when present).",
@@ -311,9 +331,11 @@ std::vector<Command> RemoteCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
-      {"stream", "--server A stream ID [options] [--check] [--json]",
+      {"stream",
+       "--server A stream ID [options] [--check] [--json]",
        "stream batches (ordered mode) and print throughput",
-       "Opens a Stream and reads every batch, printing batches, vectors, seconds "
+       "Opens a Stream and reads every batch, printing batches, vectors, "
+       "seconds "
        "and bytes/s. --check also counts, per epoch, how many distinct "
        "(example, layer, token) vectors arrived and how many repeated. Only "
        "--order ordered is served today.",
@@ -329,8 +351,12 @@ std::vector<Command> RemoteCommands() {
         {"check", nullptr, "count distinct and repeated vectors per epoch"},
         json},
        RunStream},
-      {"status", "--server A status [--json]", "the daemon's uptime, clients, calls, bytes, memory",
-       "Prints the daemon's counters (Admin.GetStatus).", {json}, RunStatus},
+      {"status",
+       "--server A status [--json]",
+       "the daemon's uptime, clients, calls, bytes, memory",
+       "Prints the daemon's counters (Admin.GetStatus).",
+       {json},
+       RunStatus},
   };
 }
 

@@ -20,12 +20,14 @@ const std::vector<OptionSpec> kGlobalOptions = {
     {"tls-server-name", "NAME", "name to check in the server certificate"},
 };
 
-void PrintTopHelp(const std::vector<Command>& local, const std::vector<Command>& remote) {
+void PrintTopHelp(const std::vector<Command>& local,
+                  const std::vector<Command>& remote) {
   std::printf(
       "shardcast: write, inspect, verify and read saev activation shard "
       "datasets,\nlocally or through a shardcastd daemon.\n\n"
       "Usage: shardcast COMMAND [ARGS] [--json]\n"
-      "       shardcast --server ADDRESS [--tls-ca F ...] COMMAND [ARGS] [--json]\n\n"
+      "       shardcast --server ADDRESS [--tls-ca F ...] COMMAND [ARGS] "
+      "[--json]\n\n"
       "Local commands:\n");
   for (const Command& c : local) std::printf("  %-8s %s\n", c.name, c.summary);
   std::printf("\nDaemon commands (with --server):\n");
@@ -43,9 +45,11 @@ int Main(int argc, char** argv) {
   // Global options come before the command.
   std::vector<std::string> global;
   int i = 1;
-  while (i < argc && absl::StartsWith(argv[i], "--") && std::strcmp(argv[i], "--help") != 0) {
+  while (i < argc && absl::StartsWith(argv[i], "--") &&
+         std::strcmp(argv[i], "--help") != 0) {
     global.push_back(argv[i]);
-    if (std::strchr(argv[i], '=') == nullptr && i + 1 < argc) global.push_back(argv[++i]);
+    if (std::strchr(argv[i], '=') == nullptr && i + 1 < argc)
+      global.push_back(argv[++i]);
     ++i;
   }
   auto globals = Args::Parse(global, kGlobalOptions);
@@ -54,8 +58,8 @@ int Main(int argc, char** argv) {
                  std::string(globals.status().message()).c_str());
     return kExitUsage;
   }
-  if (i >= argc || std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
-      std::strcmp(argv[i], "help") == 0) {
+  if (i >= argc || std::strcmp(argv[i], "--help") == 0 ||
+      std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "help") == 0) {
     PrintTopHelp(local, remote);
     return i >= argc ? kExitUsage : kExitOk;
   }
@@ -97,7 +101,8 @@ int Main(int argc, char** argv) {
       return kExitUsage;
     }
   }
-  std::fprintf(stderr, "shardcast: unknown command '%s' (see shardcast --help)\n",
+  std::fprintf(stderr,
+               "shardcast: unknown command '%s' (see shardcast --help)\n",
                name.c_str());
   return kExitUsage;
 }

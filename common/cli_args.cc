@@ -1,9 +1,9 @@
 #include "common/cli_args.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 
 namespace shardcast {
 
@@ -58,7 +58,8 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
   return args;
 }
 
-std::string Args::Get(const std::string& name, const std::string& fallback) const {
+std::string Args::Get(const std::string& name,
+                      const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second.back();
 }

@@ -19,7 +19,7 @@ struct OptionSpec {
   const char* name;        // without the leading "--"
   const char* value_name;  // nullptr for a flag that takes no value
   const char* help;
-  bool repeated = false;   // may be given several times
+  bool repeated = false;  // may be given several times
 };
 
 /// Parsed arguments of one command. Plain data.
@@ -32,13 +32,15 @@ class Args {
 
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   /// Last value of `name`, or `fallback` when absent.
-  std::string Get(const std::string& name, const std::string& fallback = "") const;
+  std::string Get(const std::string& name,
+                  const std::string& fallback = "") const;
   std::vector<std::string> GetAll(const std::string& name) const;
   /// Integer value; INVALID_ARGUMENT naming the option when not an integer.
-  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
+  absl::StatusOr<int64_t> GetInt(const std::string& name,
+                                 int64_t fallback) const;
   /// Comma-separated integers ("-2,6,12").
-  absl::StatusOr<std::vector<int64_t>> GetIntList(const std::string& name,
-                                                  const std::string& fallback) const;
+  absl::StatusOr<std::vector<int64_t>> GetIntList(
+      const std::string& name, const std::string& fallback) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
  private:

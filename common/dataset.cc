@@ -36,8 +36,8 @@ absl::Status CheckFileSize(const std::string& path, uint64_t expected,
   if (alternative != expected) {
     absl::StrAppend(&msg, " or ", alternative, " (a full-size shard)");
   }
-  absl::StrAppend(&msg, size < expected ? "; the file is short" :
-                                          "; the file is longer than "
+  absl::StrAppend(&msg, size < expected ? "; the file is short"
+                                        : "; the file is longer than "
                                           "the metadata describes");
   return absl::DataLossError(msg);
 }
@@ -80,24 +80,24 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
 std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
   std::vector<absl::Status> problems;
   const DatasetDesc& d = info.desc;
-  const uint64_t full = static_cast<uint64_t>(d.examples_per_shard) *
-                        d.example_bytes();
+  const uint64_t full =
+      static_cast<uint64_t>(d.examples_per_shard) * d.example_bytes();
   for (const ShardEntry& s : d.shards) {
     if (s.n_examples == 0) continue;  // trailing empty entry: file optional
-    const uint64_t exact = static_cast<uint64_t>(s.n_examples) * d.example_bytes();
-    absl::Status st = CheckFileSize(
-        JoinPath(info.dir, s.name), exact, full,
-        absl::StrCat(s.n_examples, " examples x ", d.example_bytes(),
-                     " bytes"));
+    const uint64_t exact =
+        static_cast<uint64_t>(s.n_examples) * d.example_bytes();
+    absl::Status st = CheckFileSize(JoinPath(info.dir, s.name), exact, full,
+                                    absl::StrCat(s.n_examples, " examples x ",
+                                                 d.example_bytes(), " bytes"));
     if (!st.ok()) problems.push_back(std::move(st));
   }
   if (info.has_labels) {
-    const uint64_t expected =
-        static_cast<uint64_t>(d.n_examples) * static_cast<uint64_t>(d.content_tokens);
-    absl::Status st = CheckFileSize(
-        JoinPath(info.dir, kLabelsFile), expected, expected,
-        absl::StrCat("uint8 [n_examples=", d.n_examples,
-                     ", content_tokens=", d.content_tokens, "]"));
+    const uint64_t expected = static_cast<uint64_t>(d.n_examples) *
+                              static_cast<uint64_t>(d.content_tokens);
+    absl::Status st =
+        CheckFileSize(JoinPath(info.dir, kLabelsFile), expected, expected,
+                      absl::StrCat("uint8 [n_examples=", d.n_examples,
+                                   ", content_tokens=", d.content_tokens, "]"));
     if (!st.ok()) problems.push_back(std::move(st));
   }
   return problems;
@@ -110,8 +110,8 @@ absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir) {
   return info;
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
-ParseChecksums(absl::string_view text, absl::string_view source) {
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseChecksums(
+    absl::string_view text, absl::string_view source) {
   std::vector<std::pair<std::string, std::string>> out;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -120,23 +120,23 @@ ParseChecksums(absl::string_view text, absl::string_view source) {
     // sha256sum: 64 hex, a space, then ' ' (text) or '*' (binary), then name.
     if (line.size() < 67 || line[64] != ' ' ||
         (line[65] != ' ' && line[65] != '*')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": line ", line_no, " is not '<sha256>  <file>': \"", line,
-          "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": line ", line_no,
+                       " is not '<sha256>  <file>': \"", line, "\""));
     }
     std::string hex(line.substr(0, 64));
     for (char& c : hex) {
       if (!absl::ascii_isxdigit(c)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": line ", line_no, " has a non-hex digest"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": line ", line_no, " has a non-hex digest"));
       }
       c = absl::ascii_tolower(c);
     }
     std::string name(line.substr(66));
     if (name.find('/') != std::string::npos || name == "." || name == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": line ", line_no, " names \"", name,
-          "\", which is not a file in the dataset directory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": line ", line_no, " names \"", name,
+                       "\", which is not a file in the dataset directory"));
     }
     out.emplace_back(std::move(name), std::move(hex));
   }
@@ -144,7 +144,8 @@ ParseChecksums(absl::string_view text, absl::string_view source) {
 }
 
 std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
-                                          void (*progress)(uint64_t, uint64_t)) {
+                                          void (*progress)(uint64_t,
+                                                           uint64_t)) {
   std::vector<absl::Status> problems;
   if (!info.has_checksums) return problems;
   const std::string path = JoinPath(info.dir, kChecksumsFile);
@@ -170,9 +171,9 @@ std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
     }
     const std::string& actual = *digest;
     if (actual != hex) {
-      problems.push_back(absl::DataLossError(absl::StrCat(
-          file, ": SHA-256 is ", actual, " but ", kChecksumsFile, " says ",
-          hex)));
+      problems.push_back(absl::DataLossError(
+          absl::StrCat(file, ": SHA-256 is ", actual, " but ", kChecksumsFile,
+                       " says ", hex)));
     }
   }
   return problems;

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/metadata.h"
 
 namespace shardcast {
@@ -23,7 +23,7 @@ struct DatasetInfo {
   std::string dir;       // as given
   std::string dir_name;  // last path component
   DatasetDesc desc;
-  std::string hash;             // desc.ContentHash()
+  std::string hash;  // desc.ContentHash()
   bool hash_matches_dir = false;
   bool has_labels = false;
   bool has_checksums = false;
@@ -48,7 +48,8 @@ std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info);
 /// empty when all match (or there is no SHA256SUMS).
 /// `progress` (may be null) is called with bytes hashed so far.
 std::vector<absl::Status> VerifyChecksums(
-    const DatasetInfo& info, void (*progress)(uint64_t done, uint64_t total) = nullptr);
+    const DatasetInfo& info,
+    void (*progress)(uint64_t done, uint64_t total) = nullptr);
 
 /// ReadDatasetInfo + CheckDataFiles; the first problem becomes the error.
 /// This is what readers and the daemon use before serving a dataset.
@@ -56,8 +57,8 @@ absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir);
 
 /// Parses SHA256SUMS text ("<64 hex>  <name>" or "<64 hex> *<name>" lines)
 /// into (name, hex) pairs. INVALID_ARGUMENT naming the line otherwise.
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
-ParseChecksums(absl::string_view text, absl::string_view source);
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseChecksums(
+    absl::string_view text, absl::string_view source);
 
 }  // namespace shardcast
 

@@ -2,7 +2,6 @@
 // files are literal text and the shard files raw bytes written here with
 // plain file I/O, not by the project's writer.
 #include "common/dataset.h"
-#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -29,7 +29,7 @@ using ::testing::HasSubstr;
 // shards of 2, 2, 2, 1 examples; one example is 2 * 4 * 5 * 4 = 160 bytes.
 constexpr int64_t kL = 2, kT = 4, kD = 5, kN = 7, kS = 2, kP = 3;
 constexpr uint64_t kExampleBytes = kL * kT * kD * 4;  // 160
-constexpr uint64_t kFullShard = kS * kExampleBytes;  // 320
+constexpr uint64_t kFullShard = kS * kExampleBytes;   // 320
 
 constexpr char kMetadata[] =
     R"({"family":"clip","ckpt":"ViT-B-16/openai","layers":[-2,6],)"
@@ -46,9 +46,6 @@ constexpr char kShards[] =
         {"name": "acts000001.bin", "n_examples": 2},
         {"name": "acts000002.bin", "n_examples": 2},
         {"name": "acts000003.bin", "n_examples": 1}])";
-
-
-
 
 float Value(int64_t e, int64_t li, int64_t t, int64_t d) {
   return static_cast<float>(e * 1000 + li * 100 + t) + d / 1000.0f;
@@ -343,7 +340,8 @@ int RunShell(const std::string& cmd) { return system(cmd.c_str()); }
 TEST(VerifyChecksums, SumsWrittenBySha256sumAreAccepted) {
   TempRoot root;
   const std::string dir = MakeDataset(root.path(), "d", false, true);
-  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin *.json > SHA256SUMS"), 0);
+  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin *.json > SHA256SUMS"),
+            0);
   absl::StatusOr<DatasetInfo> info = OpenDatasetInfo(dir);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_TRUE(info->has_checksums);
@@ -382,7 +380,8 @@ TEST(VerifyChecksums, ProgressReachesTheTotalSize) {
 TEST(VerifyChecksums, FlippedByteIsDataLossNamingTheFile) {
   TempRoot root;
   const std::string dir = MakeDataset(root.path(), "d");
-  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin *.json > SHA256SUMS"), 0);
+  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin *.json > SHA256SUMS"),
+            0);
   std::string bytes = ReadFile(dir + "/acts000002.bin");
   bytes[123] ^= 0x01;
   WriteFile(dir + "/acts000002.bin", bytes);
@@ -447,8 +446,8 @@ constexpr char kHexA[] =
     "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
 
 TEST(ParseChecksums, AcceptsTextAndBinaryForms) {
-  const std::string text = absl::StrCat(kHexA, "  acts000000.bin\n", kHexA,
-                                        " *labels.bin\n\n");
+  const std::string text =
+      absl::StrCat(kHexA, "  acts000000.bin\n", kHexA, " *labels.bin\n\n");
   auto r = ParseChecksums(text, "SHA256SUMS");
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 2u);
@@ -470,14 +469,15 @@ TEST(ParseChecksums, RejectsGarbageNamingTheLine) {
   const std::string hex62(62, 'a');
   for (const std::string& bad : {
            std::string("garbage\n"),
-           absl::StrCat(kHexA, " acts000000.bin\n"),          // one space
-           absl::StrCat(kHexA, "\tacts000000.bin\n"),          // tab
-           absl::StrCat(hex62, "zz  acts000000.bin\n"),        // non-hex
-           absl::StrCat(kHexA, "  \n"),                        // no name
-           absl::StrCat(kHexA, "  ../etc/passwd\n"),           // path
-           absl::StrCat(kHexA, "  sub/acts000000.bin\n"),      // path
+           absl::StrCat(kHexA, " acts000000.bin\n"),       // one space
+           absl::StrCat(kHexA, "\tacts000000.bin\n"),      // tab
+           absl::StrCat(hex62, "zz  acts000000.bin\n"),    // non-hex
+           absl::StrCat(kHexA, "  \n"),                    // no name
+           absl::StrCat(kHexA, "  ../etc/passwd\n"),       // path
+           absl::StrCat(kHexA, "  sub/acts000000.bin\n"),  // path
        }) {
-    auto r = ParseChecksums(absl::StrCat(kHexA, "  ok.bin\n", bad), "dir/SHA256SUMS");
+    auto r = ParseChecksums(absl::StrCat(kHexA, "  ok.bin\n", bad),
+                            "dir/SHA256SUMS");
     ASSERT_FALSE(r.ok()) << "accepted: " << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(Msg(r.status()), HasSubstr("dir/SHA256SUMS"));

@@ -64,8 +64,8 @@ absl::Status PreadFull(int fd, void* buffer, size_t length, uint64_t offset,
                         static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", path, " at offset ",
-                                               offset + done));
+      return ErrnoToStatus(
+          errno, absl::StrCat("read ", path, " at offset ", offset + done));
     }
     if (n == 0) {
       return absl::DataLossError(absl::StrCat(

@@ -105,8 +105,8 @@ absl::StatusOr<std::string> StringField(const Json& obj,
 absl::StatusOr<Variant> DetectVariant(const Json& m, absl::string_view source) {
   const bool v1 = m.contains("n_patches_per_img") || m.contains("d_vit") ||
                   m.contains("n_imgs") || m.contains("max_patches_per_shard");
-  const bool spec = m.contains("patches_per_ex") ||
-                    m.contains("patches_per_shard");
+  const bool spec =
+      m.contains("patches_per_ex") || m.contains("patches_per_shard");
   const bool saev = m.contains("content_tokens_per_example") ||
                     m.contains("max_tokens_per_shard");
   const int count = int{v1} + int{spec} + int{saev};
@@ -125,7 +125,8 @@ absl::StatusOr<Variant> DetectVariant(const Json& m, absl::string_view source) {
   return absl::InvalidArgumentError(absl::StrCat(
       source,
       ": fields of different protocol variants are mixed (for example "
-      "'n_patches_per_img' with 'patches_per_ex'); cannot tell how to read it"));
+      "'n_patches_per_img' with 'patches_per_ex'); cannot tell how to read "
+      "it"));
 }
 
 }  // namespace
@@ -160,8 +161,10 @@ absl::StatusOr<int64_t> DatasetDesc::LayerIndex(int64_t layer) const {
   auto it = std::find(layers.begin(), layers.end(), layer);
   if (it == layers.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " is not recorded in this dataset; "
-                     "recorded layers: [", absl::StrJoin(layers, ", "), "]"));
+        absl::StrCat("layer ", layer,
+                     " is not recorded in this dataset; "
+                     "recorded layers: [",
+                     absl::StrJoin(layers, ", "), "]"));
   }
   return it - layers.begin();
 }
@@ -174,8 +177,8 @@ std::string DatasetDesc::ContentHash() const {
 absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
                                           absl::string_view source) {
   if (!m.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": must hold a JSON object, got ", TypeName(m)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": must hold a JSON object, got ", TypeName(m)));
   }
   DatasetDesc d;
   d.metadata = m;
@@ -188,9 +191,9 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
   std::vector<std::string> parts = absl::StrSplit(d.protocol, '.');
   int major = -1;
   if (parts.empty() || !absl::SimpleAtoi(parts[0], &major)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": field 'protocol' = \"", d.protocol,
-        "\" is not a version number like \"2.1\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": field 'protocol' = \"", d.protocol,
+                     "\" is not a version number like \"2.1\""));
   }
   if (major != 1 && major != 2) {
     return absl::UnimplementedError(absl::StrCat(
@@ -200,26 +203,29 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
   const int expected_major = d.variant == Variant::kV1 ? 1 : 2;
   if (major != expected_major) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": protocol \"", d.protocol, "\" but the fields are those of "
-        "protocol ", expected_major, ".x (for example '", names.content_tokens,
-        "')"));
-  }
-  const bool known_minor = d.variant == Variant::kV1
-                               ? (d.protocol == "1.0.0" || d.protocol == "1.0" ||
-                                  d.protocol == "1.1" || d.protocol == "1.1.0")
-                               : (d.protocol == "2.1" || d.protocol == "2.1.0");
-  if (!known_minor) {
-    d.warnings.push_back(absl::StrCat(
         source, ": protocol \"", d.protocol,
-        "\" is a version this build does not know; reading it as ",
-        expected_major, ".x"));
+        "\" but the fields are those of "
+        "protocol ",
+        expected_major, ".x (for example '", names.content_tokens, "')"));
+  }
+  const bool known_minor =
+      d.variant == Variant::kV1
+          ? (d.protocol == "1.0.0" || d.protocol == "1.0" ||
+             d.protocol == "1.1" || d.protocol == "1.1.0")
+          : (d.protocol == "2.1" || d.protocol == "2.1.0");
+  if (!known_minor) {
+    d.warnings.push_back(
+        absl::StrCat(source, ": protocol \"", d.protocol,
+                     "\" is a version this build does not know; reading it as ",
+                     expected_major, ".x"));
   }
 
   ASSIGN_OR_RETURN(std::string dtype, StringField(m, source, "dtype"));
   if (dtype != "float32") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": field 'dtype' = \"", dtype, "\"; only \"float32\" exists "
-        "in the protocol"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": field 'dtype' = \"", dtype,
+                     "\"; only \"float32\" exists "
+                     "in the protocol"));
   }
 
   ASSIGN_OR_RETURN(const Json* layers, Field(m, source, "layers"));
@@ -234,7 +240,8 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
           source, ": field 'layers' must hold integers, found ", l.dump()));
     }
     if (l.is_number_unsigned() &&
-        l.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        l.get<uint64_t>() >
+            static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": field 'layers' value ", l.dump(), " is too large"));
     }
@@ -258,9 +265,9 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
   d.cls_token = cls->get<bool>();
   d.tokens_per_example = d.content_tokens + (d.cls_token ? 1 : 0);
   if (d.tokens_per_example < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": an example has no tokens ('", names.content_tokens,
-        "' = 0 and cls_token = false)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": an example has no tokens ('",
+                     names.content_tokens, "' = 0 and cls_token = false)"));
   }
   ASSIGN_OR_RETURN(d.d_model, IntField(m, source, names.d_model, 1));
   ASSIGN_OR_RETURN(d.n_examples, IntField(m, source, names.n_examples, 0));
@@ -279,11 +286,12 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
   // Byte offsets must fit in 64 bits with room to spare.
   const double shard_bytes = static_cast<double>(d.examples_per_shard) *
                              static_cast<double>(d.example_bytes());
-  if (shard_bytes > 1e18 || static_cast<double>(d.d_model) * per_example > 1e15) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": geometry is implausibly large (", d.examples_per_shard,
-        " examples of ", per_example, " vectors of ", d.d_model,
-        " floats per shard)"));
+  if (shard_bytes > 1e18 ||
+      static_cast<double>(d.d_model) * per_example > 1e15) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": geometry is implausibly large (",
+                     d.examples_per_shard, " examples of ", per_example,
+                     " vectors of ", d.d_model, " floats per shard)"));
   }
   return d;
 }
@@ -308,16 +316,14 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
     }
     ShardEntry entry;
     ASSIGN_OR_RETURN(entry.name, StringField(e, where, "name"));
-    const char* key = e.contains(count_key) || !e.contains(other_key)
-                          ? count_key
-                          : other_key;
+    const char* key =
+        e.contains(count_key) || !e.contains(other_key) ? count_key : other_key;
     ASSIGN_OR_RETURN(entry.n_examples, IntField(e, where, key, 0));
     const std::string expected = ShardFileName(static_cast<int64_t>(i));
     if (entry.name != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": name is \"", entry.name, "\" but entry ", i,
-          " must be \"", expected,
-          "\" (readers locate shard i as acts{i:06d}.bin)"));
+          where, ": name is \"", entry.name, "\" but entry ", i, " must be \"",
+          expected, "\" (readers locate shard i as acts{i:06d}.bin)"));
     }
     if (entry.n_examples > d->examples_per_shard) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -340,13 +346,16 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": entry ", i, " (", s.name, ") holds ", s.n_examples,
           " examples but every shard before the last must hold "
-          "examples_per_shard = ", d->examples_per_shard));
+          "examples_per_shard = ",
+          d->examples_per_shard));
     }
   }
   if (sum != d->n_examples) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": shard entries hold ", sum, " examples in total but "
-        "metadata.json says n_examples = ", d->n_examples));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": shard entries hold ", sum,
+                     " examples in total but "
+                     "metadata.json says n_examples = ",
+                     d->n_examples));
   }
   return absl::OkStatus();
 }
@@ -372,14 +381,14 @@ std::string ShardFileName(int64_t shard_index) {
 absl::StatusOr<VectorLocation> LocateExample(const DatasetDesc& d,
                                              int64_t example) {
   if (example < 0 || example >= d.n_examples) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "example ", example, " is out of range: the dataset has ",
-        d.n_examples, " examples (0..", d.n_examples - 1, ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat("example ", example, " is out of range: the dataset has ",
+                     d.n_examples, " examples (0..", d.n_examples - 1, ")"));
   }
   VectorLocation loc;
   loc.shard = example / d.examples_per_shard;
-  loc.offset = static_cast<uint64_t>(example % d.examples_per_shard) *
-               d.example_bytes();
+  loc.offset =
+      static_cast<uint64_t>(example % d.examples_per_shard) * d.example_bytes();
   return loc;
 }
 

@@ -14,12 +14,11 @@
 
 #include <cstdint>
 #include <string>
-
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/pyjson.h"
 
 namespace shardcast {
@@ -48,10 +47,10 @@ struct DatasetDesc {
   int64_t tokens_per_example = 0;  // T = content_tokens + cls_token
   int64_t d_model = 0;             // D
   int64_t n_examples = 0;
-  int64_t token_budget = 0;        // patches_per_shard & co.
-  int64_t examples_per_shard = 0;  // S = budget // (T * L)
-  std::vector<ShardEntry> shards;  // as listed, including trailing empties
-  Json metadata;                   // metadata.json as parsed (for hashing)
+  int64_t token_budget = 0;           // patches_per_shard & co.
+  int64_t examples_per_shard = 0;     // S = budget // (T * L)
+  std::vector<ShardEntry> shards;     // as listed, including trailing empties
+  Json metadata;                      // metadata.json as parsed (for hashing)
   std::vector<std::string> warnings;  // e.g. an unknown minor version
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }

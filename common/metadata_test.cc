@@ -44,13 +44,15 @@ DatasetDesc MustParse(const Json& m) {
 void ExpectInvalid(const Json& m, const std::string& must_mention) {
   absl::StatusOr<DatasetDesc> d = ParseMetadata(m, "some/metadata.json");
   ASSERT_FALSE(d.ok()) << "accepted: " << m.dump();
-  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << d.status();
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
+      << d.status();
   EXPECT_THAT(std::string(d.status().message()), HasSubstr(must_mention));
   EXPECT_THAT(std::string(d.status().message()),
               HasSubstr("some/metadata.json"));
 }
 
-Json Shards(const std::vector<int64_t>& counts, const char* key = "n_examples") {
+Json Shards(const std::vector<int64_t>& counts,
+            const char* key = "n_examples") {
   Json a = Json::array();
   for (size_t i = 0; i < counts.size(); ++i) {
     Json e = Json::object();
@@ -360,14 +362,15 @@ TEST(ParseShards, NonArrayOrBadEntriesAreRejected) {
 }
 
 TEST(ParseShards, Protocol1UsesNImgsKey) {
-  const Json m = J(
-      R"({"vit_family":"clip","vit_ckpt":"c","layers":[-2,6],)"
-      R"("n_patches_per_img":4,"cls_token":true,"d_vit":3,"n_imgs":7,)"
-      R"("max_patches_per_shard":25,"data":{"__class__":"X"},)"
-      R"("dtype":"float32","protocol":"1.0.0"})");
+  const Json m =
+      J(R"({"vit_family":"clip","vit_ckpt":"c","layers":[-2,6],)"
+        R"("n_patches_per_img":4,"cls_token":true,"d_vit":3,"n_imgs":7,)"
+        R"("max_patches_per_shard":25,"data":{"__class__":"X"},)"
+        R"("dtype":"float32","protocol":"1.0.0"})");
   DatasetDesc d = MustParse(m);
   ASSERT_EQ(d.examples_per_shard, 2);
-  absl::Status st = ParseShards(Shards({2, 2, 2, 1}, "n_imgs"), "shards.json", &d);
+  absl::Status st =
+      ParseShards(Shards({2, 2, 2, 1}, "n_imgs"), "shards.json", &d);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(d.shards[3].n_examples, 1);
 }
@@ -437,7 +440,8 @@ TEST(Locate, LastExampleOfPartialLastShard) {
   absl::StatusOr<VectorLocation> loc = Locate(d, 6, 6, 3);
   ASSERT_TRUE(loc.ok());
   EXPECT_EQ(loc->shard, 3);
-  EXPECT_EQ(loc->offset, static_cast<uint64_t>((((6 % 2) * 2 + 1) * 4 + 3) * 5 * 4));
+  EXPECT_EQ(loc->offset,
+            static_cast<uint64_t>((((6 % 2) * 2 + 1) * 4 + 3) * 5 * 4));
 }
 
 TEST(Locate, ExampleOutOfRangeIsOutOfRange) {

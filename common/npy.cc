@@ -17,8 +17,8 @@ namespace {
 // Finds the value text of 'key' in the header dict literal, e.g.
 // {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
-                                           absl::string_view key,
-                                           const std::string& path) {
+                                            absl::string_view key,
+                                            const std::string& path) {
   const std::string quoted = absl::StrCat("'", key, "'");
   size_t pos = header.find(quoted);
   if (pos == absl::string_view::npos) {
@@ -29,7 +29,8 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
   if (pos == absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": bad .npy header"));
   }
-  absl::string_view rest = absl::StripLeadingAsciiWhitespace(header.substr(pos + 1));
+  absl::string_view rest =
+      absl::StripLeadingAsciiWhitespace(header.substr(pos + 1));
   size_t end;
   if (!rest.empty() && rest[0] == '(') {
     end = rest.find(')');
@@ -41,7 +42,8 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
   if (!rest.empty() && (rest[0] == '\'' || rest[0] == '"')) {
     end = rest.find(rest[0], 1);
     if (end == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": bad .npy header"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": bad .npy header"));
     }
     return rest.substr(1, end - 1);
   }
@@ -86,29 +88,32 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
         absl::StrCat(path, ": .npy header runs past the end of the file"));
   }
   std::string header(header_len, '\0');
-  RETURN_IF_ERROR(PreadFull(npy.fd.get(), header.data(), header_len,
-                            header_start, path));
+  RETURN_IF_ERROR(
+      PreadFull(npy.fd.get(), header.data(), header_len, header_start, path));
   ASSIGN_OR_RETURN(absl::string_view descr, DictValue(header, "descr", path));
   npy.descr = std::string(descr);
   ASSIGN_OR_RETURN(absl::string_view fortran,
                    DictValue(header, "fortran_order", path));
   if (fortran != "False") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": Fortran-order arrays are not supported; save with "
-        "np.ascontiguousarray"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": Fortran-order arrays are not supported; save with "
+                     "np.ascontiguousarray"));
   }
   ASSIGN_OR_RETURN(absl::string_view shape, DictValue(header, "shape", path));
   shape.remove_prefix(1);
   shape.remove_suffix(1);
   uint64_t elements = 1;
-  for (absl::string_view part : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
+  for (absl::string_view part :
+       absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
     int64_t dim;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &dim) || dim < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": bad dimension '", part, "' in .npy shape"));
     }
     npy.shape.push_back(dim);
-    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements)) {
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
+                               &elements)) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": .npy shape (", shape, ") is too large"));
     }
@@ -128,9 +133,11 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
         absl::StrCat(path, ": .npy shape (", shape, ") is too large"));
   }
   if (npy.data_offset + npy.data_bytes > size) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": header says ", npy.data_bytes, " bytes of data but the file "
-        "holds ", size - npy.data_offset));
+    return absl::DataLossError(absl::StrCat(path, ": header says ",
+                                            npy.data_bytes,
+                                            " bytes of data but the file "
+                                            "holds ",
+                                            size - npy.data_offset));
   }
   return npy;
 }

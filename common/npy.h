@@ -15,10 +15,10 @@ namespace shardcast {
 /// An opened .npy file: its header and a descriptor positioned for reads.
 struct NpyFile {
   std::string path;
-  std::string descr;             // e.g. "<f4", "|u1"
+  std::string descr;  // e.g. "<f4", "|u1"
   std::vector<int64_t> shape;
-  uint64_t data_offset = 0;      // bytes before the array data
-  uint64_t data_bytes = 0;       // product(shape) * itemsize
+  uint64_t data_offset = 0;  // bytes before the array data
+  uint64_t data_bytes = 0;   // product(shape) * itemsize
   UniqueFd fd;
 };
 

@@ -1,7 +1,6 @@
 // Tests of the .npy header reader, on files written by hand (format 1.0 and
 // 2.0 headers built byte by byte here) and by /usr/bin/python3 numpy.
 #include "common/npy.h"
-#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,8 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-
 
 // A format 1.0 (major 1: 2-byte little-endian header length) or 2.0 (4-byte
 // length) .npy file: magic, version, length, the dict padded with spaces and
@@ -58,8 +56,9 @@ std::string Floats(int n) {
 TEST(OpenNpy, HandWrittenV1HeaderIsParsed) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-                      Floats(6)));
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                Floats(6)));
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_TRUE(npy.ok()) << npy.status();
   EXPECT_EQ(npy->path, path);
@@ -69,8 +68,9 @@ TEST(OpenNpy, HandWrittenV1HeaderIsParsed) {
   EXPECT_EQ(npy->data_bytes, 6u * 4);
   ASSERT_TRUE(npy->fd.valid());
   float v[6];
-  ASSERT_EQ(pread(npy->fd.get(), v, sizeof v, static_cast<off_t>(npy->data_offset)),
-            static_cast<ssize_t>(sizeof v));
+  ASSERT_EQ(
+      pread(npy->fd.get(), v, sizeof v, static_cast<off_t>(npy->data_offset)),
+      static_cast<ssize_t>(sizeof v));
   EXPECT_EQ(v[0], 0.5f);
   EXPECT_EQ(v[5], 5.5f);
 }
@@ -101,8 +101,9 @@ TEST(OpenNpy, ScalarShapeHasOneElement) {
 TEST(OpenNpy, HandWrittenV2HeaderIsParsed) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 1), }",
-                      Floats(3), /*major=*/2));
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 1), }",
+                Floats(3), /*major=*/2));
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_TRUE(npy.ok()) << npy.status();
   EXPECT_EQ(npy->shape, (std::vector<int64_t>{3, 1}));
@@ -113,26 +114,32 @@ TEST(OpenNpy, HandWrittenV2HeaderIsParsed) {
 TEST(OpenNpy, ZeroLengthArrayIsAccepted) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", ""));
+  WriteFile(
+      path,
+      Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4), }", ""));
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_TRUE(npy.ok()) << npy.status();
   EXPECT_EQ(npy->data_bytes, 0u);
 }
 
 TEST(OpenNpy, FilesSavedByNumpyAreParsed) {
-  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  if (access("/usr/bin/python3", X_OK) != 0)
+    GTEST_SKIP() << "no /usr/bin/python3";
   TempRoot tmp;
   const std::string cmd =
       "/usr/bin/python3 -c 'import numpy as np, sys\n"
       "d = sys.argv[1]\n"
       "np.save(d + \"/f.npy\", np.arange(24, dtype=\"<f4\").reshape(4, 2, 3))\n"
       "np.save(d + \"/u.npy\", np.arange(5, dtype=np.uint8))\n"
-      "np.save(d + \"/fortran.npy\", np.asfortranarray(np.zeros((2, 3), dtype=\"<f4\")))\n"
+      "np.save(d + \"/fortran.npy\", np.asfortranarray(np.zeros((2, 3), "
+      "dtype=\"<f4\")))\n"
       "np.save(d + \"/f8.npy\", np.zeros((2, 3)))\n"
       "np.save(d + \"/be.npy\", np.zeros((2, 3), dtype=\">f4\"))\n"
       "with open(d + \"/v2.npy\", \"wb\") as f:\n"
-      "    np.lib.format.write_array(f, np.arange(6, dtype=\"<f4\"), version=(2, 0))\n"
-      "' '" + tmp.File("") + "'";
+      "    np.lib.format.write_array(f, np.arange(6, dtype=\"<f4\"), "
+      "version=(2, 0))\n"
+      "' '" +
+      tmp.File("") + "'";
   if (system(cmd.c_str()) != 0) GTEST_SKIP() << "numpy is not available";
 
   // Offsets and sizes as numpy 1.24 lays the files out (header padded to 64
@@ -173,8 +180,9 @@ TEST(OpenNpy, FilesSavedByNumpyAreParsed) {
 TEST(OpenNpy, FortranOrderIsRejected) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
-                      Floats(6)));
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
+                Floats(6)));
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_FALSE(npy.ok());
   EXPECT_EQ(npy.status().code(), absl::StatusCode::kInvalidArgument);
@@ -184,8 +192,9 @@ TEST(OpenNpy, FortranOrderIsRejected) {
 TEST(OpenNpy, Float64IsRejectedNamingTheDtype) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }",
-                      Floats(6)));
+  WriteFile(path,
+            Npy("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }",
+                Floats(6)));
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_FALSE(npy.ok());
   EXPECT_EQ(npy.status().code(), absl::StatusCode::kInvalidArgument);
@@ -195,16 +204,17 @@ TEST(OpenNpy, Float64IsRejectedNamingTheDtype) {
 TEST(OpenNpy, BigEndianFloatIsRejected) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }",
-                      Floats(3)));
+  WriteFile(path,
+            Npy("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }",
+                Floats(3)));
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(OpenNpy, BadMagicIsRejected) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  std::string bytes = Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
-                          Floats(3));
+  std::string bytes = Npy(
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", Floats(3));
   bytes[1] = 'X';
   WriteFile(path, bytes);
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
@@ -223,8 +233,8 @@ TEST(OpenNpy, TinyFileIsRejected) {
 TEST(OpenNpy, UnsupportedVersionIsRejected) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  std::string bytes = Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
-                          Floats(3));
+  std::string bytes = Npy(
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", Floats(3));
   bytes[6] = 4;
   WriteFile(path, bytes);
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kInvalidArgument);
@@ -233,8 +243,9 @@ TEST(OpenNpy, UnsupportedVersionIsRejected) {
 TEST(OpenNpy, TruncatedDataIsDataLoss) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-                      Floats(5)));  // one float short
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                Floats(5)));  // one float short
   absl::StatusOr<NpyFile> npy = OpenNpy(path);
   ASSERT_FALSE(npy.ok());
   EXPECT_EQ(npy.status().code(), absl::StatusCode::kDataLoss);
@@ -246,8 +257,8 @@ TEST(OpenNpy, TruncatedDataIsDataLoss) {
 TEST(OpenNpy, TruncatedHeaderIsDataLoss) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  std::string bytes = Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-                          Floats(6));
+  std::string bytes = Npy(
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", Floats(6));
   WriteFile(path, bytes.substr(0, 40));
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kDataLoss);
 }
@@ -255,11 +266,13 @@ TEST(OpenNpy, TruncatedHeaderIsDataLoss) {
 TEST(OpenNpy, MalformedShapeIsRejected) {
   TempRoot tmp;
   const std::string path = tmp.File("a.npy");
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }",
-                      Floats(6)));
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }",
+                Floats(6)));
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kInvalidArgument);
-  WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 3), }",
-                      Floats(6)));
+  WriteFile(path,
+            Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 3), }",
+                Floats(6)));
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kInvalidArgument);
   WriteFile(path, Npy("{'descr': '<f4', 'fortran_order': False}", Floats(6)));
   EXPECT_EQ(OpenNpy(path).status().code(), absl::StatusCode::kInvalidArgument);

@@ -196,8 +196,9 @@ void AppendValue(std::string& out, const Json& value,
       if (options.sort_keys) {
         // Byte order of UTF-8 equals code point order, which is how Python
         // sorts str keys.
-        std::sort(items.begin(), items.end(),
-                  [](const auto& a, const auto& b) { return *a.first < *b.first; });
+        std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+          return *a.first < *b.first;
+        });
       }
       out.push_back('{');
       bool first = true;
@@ -222,19 +223,19 @@ void AppendValue(std::string& out, const Json& value,
 
 }  // namespace
 
-absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source) {
+absl::StatusOr<Json> ParseJson(absl::string_view text,
+                               absl::string_view source) {
   Json result;
   StrictDomParser parser(result, /*allow_exceptions=*/true);
   try {
     const bool ok = Json::sax_parse(text.begin(), text.end(), &parser);
     if (!ok) {
       if (!parser.overflow_text().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": integer ", parser.overflow_text(),
-            " does not fit in 64 bits"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": integer ", parser.overflow_text(),
+                         " does not fit in 64 bits"));
       }
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": invalid JSON"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON"));
     }
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
@@ -270,15 +271,18 @@ bool IsValidUtf8(absl::string_view text) {
     } else {
       return false;
     }
-    if (i + static_cast<size_t>(extra) >= text.size()) return false;  // truncated
+    if (i + static_cast<size_t>(extra) >= text.size())
+      return false;  // truncated
     uint32_t cp = c & (0x3F >> extra);
     for (int k = 1; k <= extra; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
+      const unsigned char cc =
+          static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
       if ((cc & 0xC0) != 0x80) return false;
       cp = (cp << 6) | (cc & 0x3F);
     }
     // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
     i += static_cast<size_t>(extra) + 1;
   }
   return true;
@@ -293,7 +297,8 @@ std::string ValidUtf8(absl::string_view text) {
   // Serialising a JSON string with the replace handler does the validation;
   // strip the quotes and undo the escaping by parsing it back.
   const std::string quoted =
-      Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+      Json(std::string(text))
+          .dump(-1, ' ', false, Json::error_handler_t::replace);
   return Json::parse(quoted).get<std::string>();
 }
 

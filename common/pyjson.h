@@ -10,9 +10,8 @@
 
 #include <string>
 
-
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {
@@ -36,7 +35,8 @@ struct PyJsonOptions {
 /// Parses JSON text. INVALID_ARGUMENT naming `source` (a file name, for
 /// messages) and the byte position on malformed text, and on integers beyond
 /// 64 bits, which Python would keep exact but this parser cannot.
-absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source);
+absl::StatusOr<Json> ParseJson(absl::string_view text,
+                               absl::string_view source);
 
 /// Returns what Python's json.dumps(value, **options) returns, byte for byte.
 std::string PyJsonDumps(const Json& value, const PyJsonOptions& options = {});

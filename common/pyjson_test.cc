@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {
@@ -95,7 +95,8 @@ TEST(PyFloatRepr, MatchesPythonReprOnRandomDoubles) {
   }
   const std::string cmd =
       "/usr/bin/python3 -c 'import sys\n"
-      "for line in open(sys.argv[1]): print(repr(float.fromhex(line.strip())))' " +
+      "for line in open(sys.argv[1]): "
+      "print(repr(float.fromhex(line.strip())))' " +
       in_path;
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -139,7 +140,8 @@ TEST(PyJson, KeysSortByCodePointLikePython) {
 
 TEST(PyJson, WithoutSortKeysObjectKeepsInsertionOrder) {
   const Json v = J(R"({"b":1,"a":2,"c":{"y":1,"x":2}})");
-  EXPECT_EQ(Compact(v, /*sort_keys=*/false), R"({"b":1,"a":2,"c":{"y":1,"x":2}})");
+  EXPECT_EQ(Compact(v, /*sort_keys=*/false),
+            R"({"b":1,"a":2,"c":{"y":1,"x":2}})");
 }
 
 TEST(PyJson, NonAsciiIsEscapedLikePython) {
@@ -154,9 +156,8 @@ TEST(PyJson, NonAsciiIsEscapedLikePython) {
 }
 
 TEST(PyJson, ControlCharactersQuotesAndBackslashesAreEscapedLikePython) {
-  const std::string s =
-      std::string("a\"b\\c\n\r\t\b\f") + std::string("\x00\x01\x1f", 3) +
-      "\x7f" + " end";
+  const std::string s = std::string("a\"b\\c\n\r\t\b\f") +
+                        std::string("\x00\x01\x1f", 3) + "\x7f" + " end";
   // json.dumps("a\"b\\c\n\r\t\b\f\x00\x01\x1f\x7f end")
   EXPECT_EQ(Compact(Json(s)),
             R"("a\"b\\c\n\r\t\b\f\u0000\u0001\u001f\u007f end")");
@@ -268,8 +269,8 @@ TEST(PyJson, FloatsInsideContainersUseRepr) {
 
 TEST(ParseJson, RejectsMalformedJsonNamingTheSource) {
   for (const char* bad :
-       {"", "{", "{\"a\":}", "[1,]", "{'a':1}", "[1 2]", "{\"a\":1} x",
-        "tru", "\"unterminated", "{\"a\" 1}", "[01]"}) {
+       {"", "{", "{\"a\":}", "[1,]", "{'a':1}", "[1 2]", "{\"a\":1} x", "tru",
+        "\"unterminated", "{\"a\" 1}", "[01]"}) {
     absl::StatusOr<Json> r = ParseJson(bad, "some/dir/metadata.json");
     ASSERT_FALSE(r.ok()) << "accepted: " << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -316,7 +317,8 @@ TEST(ParseJson, DecodesEscapesAndRoundTripsThroughPythonEncoding) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)["s"].get<std::string>(), "é😀\n");
   // json.dumps(json.loads(<same text>), separators=(",", ":"))
-  EXPECT_EQ(Compact(*r, false), R"({"s":"\u00e9\ud83d\ude00\n","f":100.0,"g":-0.0})");
+  EXPECT_EQ(Compact(*r, false),
+            R"({"s":"\u00e9\ud83d\ude00\n","f":100.0,"g":-0.0})");
 }
 
 }  // namespace
@@ -328,22 +330,26 @@ namespace {
 TEST(Utf8, WellFormedTextIsValid) {
   EXPECT_TRUE(IsValidUtf8(""));
   EXPECT_TRUE(IsValidUtf8("plain ascii"));
-  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80"));
+  EXPECT_TRUE(
+      IsValidUtf8("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80"));
 }
 
 TEST(Utf8, MalformedSequencesAreInvalid) {
-  EXPECT_FALSE(IsValidUtf8("caf\xe9"));             // Latin-1 byte
-  EXPECT_FALSE(IsValidUtf8("\xc3"));                 // truncated
-  EXPECT_FALSE(IsValidUtf8("\xe6\x97"));             // truncated 3-byte
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));             // overlong '/'
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));         // surrogate U+D800
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));     // beyond U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("caf\xe9"));           // Latin-1 byte
+  EXPECT_FALSE(IsValidUtf8("\xc3"));              // truncated
+  EXPECT_FALSE(IsValidUtf8("\xe6\x97"));          // truncated 3-byte
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // surrogate U+D800
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // beyond U+10FFFF
   EXPECT_FALSE(IsValidUtf8("\xff"));
 }
 
 TEST(Utf8, ValidUtf8ReplacesBadBytesAndKeepsGoodOnes) {
   EXPECT_EQ(ValidUtf8("ok"), "ok");
-  EXPECT_EQ(ValidUtf8("a\xff" "b"), "a\xef\xbf\xbd" "b");  // U+FFFD
+  EXPECT_EQ(ValidUtf8("a\xff"
+                      "b"),
+            "a\xef\xbf\xbd"
+            "b");  // U+FFFD
 }
 
 }  // namespace

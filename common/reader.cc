@@ -14,14 +14,16 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
   for (const ShardEntry& s : reader->desc().shards) {
     UniqueFd fd;
     if (s.n_examples > 0) {
-      ASSIGN_OR_RETURN(fd, OpenFile(JoinPath(reader->info_.dir, s.name), O_RDONLY));
+      ASSIGN_OR_RETURN(fd,
+                       OpenFile(JoinPath(reader->info_.dir, s.name), O_RDONLY));
     }
     reader->shard_fds_.push_back(std::move(fd));
     reader->shard_paths_.push_back(JoinPath(reader->info_.dir, s.name));
   }
   if (reader->info_.has_labels) {
-    ASSIGN_OR_RETURN(reader->labels_fd_,
-                     OpenFile(JoinPath(reader->info_.dir, kLabelsFile), O_RDONLY));
+    ASSIGN_OR_RETURN(
+        reader->labels_fd_,
+        OpenFile(JoinPath(reader->info_.dir, kLabelsFile), O_RDONLY));
   }
   return reader;
 }

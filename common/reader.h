@@ -41,7 +41,9 @@ class DatasetReader {
   /// The open descriptor of a data shard (owned by the reader; valid while
   /// it lives), for engines that issue their own reads (io_uring). -1 for
   /// an empty trailing entry.
-  int shard_fd(int64_t shard) const { return shard_fds_[static_cast<size_t>(shard)].get(); }
+  int shard_fd(int64_t shard) const {
+    return shard_fds_[static_cast<size_t>(shard)].get();
+  }
   /// Full path of a shard file, for messages.
   const std::string& shard_path(int64_t shard) const {
     return shard_paths_[static_cast<size_t>(shard)];

@@ -2,7 +2,6 @@
 // raw float bytes in C order), so the reader is checked against the protocol
 // rather than against the project's writer.
 #include "common/reader.h"
-#include "common/testing.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -38,8 +38,6 @@ constexpr char kMetadata[] =
 constexpr char kShards[] =
     R"([{"name":"acts000000.bin","n_examples":2},{"name":"acts000001.bin","n_examples":2},)"
     R"({"name":"acts000002.bin","n_examples":2},{"name":"acts000003.bin","n_examples":1}])";
-
-
 
 // The known pattern: value = e*1000 + layer_index*100 + t + d/1000.
 float Value(int64_t e, int64_t li, int64_t t, int64_t d) {
@@ -73,7 +71,8 @@ std::string MakeDataset(const std::string& root, bool labels, bool full_last) {
   if (labels) {
     std::string l;
     for (int64_t e = 0; e < kN; ++e)
-      for (int64_t p = 0; p < kP; ++p) l.push_back(static_cast<char>(Label(e, p)));
+      for (int64_t p = 0; p < kP; ++p)
+        l.push_back(static_cast<char>(Label(e, p)));
     WriteFile(dir + "/labels.bin", l);
   }
   return dir;
@@ -115,7 +114,8 @@ TEST(DatasetReader, ReadVectorReadsTheRightFileAtTheFormulaOffset) {
   auto reader = MustOpen(dir);
   ASSERT_NE(reader, nullptr);
   const int64_t e = 5, li = 1, t = 2;
-  std::ifstream f(absl::StrFormat("%s/acts%06d.bin", dir, e / kS), std::ios::binary);
+  std::ifstream f(absl::StrFormat("%s/acts%06d.bin", dir, e / kS),
+                  std::ios::binary);
   f.seekg((((e % kS) * kL + li) * kT + t) * kD * 4);
   float expected[kD];
   f.read(reinterpret_cast<char*>(expected), sizeof expected);

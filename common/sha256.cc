@@ -22,7 +22,8 @@ struct Sha256::Ctx {
 Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
   ctx_->md = EVP_MD_CTX_new();
   // Allocation failure of a few hundred bytes leaves nothing sensible to do.
-  if (ctx_->md == nullptr || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) {
+  if (ctx_->md == nullptr ||
+      EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) {
     std::abort();
   }
 }
@@ -55,8 +56,8 @@ std::string Sha256Hex(absl::string_view data) {
   return h.HexDigest();
 }
 
-absl::StatusOr<std::string> Sha256File(const std::string& path,
-                                       const std::function<void(uint64_t)>& on_bytes) {
+absl::StatusOr<std::string> Sha256File(
+    const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
   ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buffer(8 << 20);

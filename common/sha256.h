@@ -10,7 +10,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-
 namespace shardcast {
 
 /// Incremental SHA-256. Owns an EVP_MD_CTX; move-only; not thread-safe.
@@ -39,7 +38,8 @@ std::string Sha256Hex(absl::string_view data);
 /// chunks. `on_bytes` (may be empty) is called with each chunk's size, for
 /// progress. Errors from open/read, naming the path.
 absl::StatusOr<std::string> Sha256File(
-    const std::string& path, const std::function<void(uint64_t)>& on_bytes = {});
+    const std::string& path,
+    const std::function<void(uint64_t)>& on_bytes = {});
 
 }  // namespace shardcast
 

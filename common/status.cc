@@ -13,7 +13,8 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what) {
 
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+  return absl::Status(status.code(),
+                      absl::StrCat(prefix, ": ", status.message()));
 }
 
 }  // namespace shardcast

@@ -6,11 +6,9 @@
 #ifndef SHARDCAST_COMMON_STATUS_H_
 #define SHARDCAST_COMMON_STATUS_H_
 
-
-
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardcast {
 
@@ -30,17 +28,17 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
 
 /// Evaluates `expr` (an absl::Status) and returns it from the enclosing
 /// function if it is not OK.
-#define RETURN_IF_ERROR(expr)                                     \
-  do {                                                            \
-    ::absl::Status shardcast_status_ = (expr);                    \
-    if (!shardcast_status_.ok()) return shardcast_status_;        \
+#define RETURN_IF_ERROR(expr)                              \
+  do {                                                     \
+    ::absl::Status shardcast_status_ = (expr);             \
+    if (!shardcast_status_.ok()) return shardcast_status_; \
   } while (false)
 
 /// `ASSIGN_OR_RETURN(auto x, Foo());` evaluates Foo() (an absl::StatusOr<T>),
 /// returns its status from the enclosing function on error, and otherwise
 /// move-assigns the value to the declaration on the left.
-#define ASSIGN_OR_RETURN(lhs, expr)                                           \
-  SHARDCAST_INTERNAL_ASSIGN_OR_RETURN(                                        \
+#define ASSIGN_OR_RETURN(lhs, expr)    \
+  SHARDCAST_INTERNAL_ASSIGN_OR_RETURN( \
       SHARDCAST_INTERNAL_CONCAT(shardcast_statusor_, __LINE__), lhs, expr)
 
 #define SHARDCAST_INTERNAL_ASSIGN_OR_RETURN(tmp, lhs, expr) \

@@ -20,7 +20,8 @@ inline uint64_t SplitMix64(uint64_t x) {
 /// 0x100000001B3 ^ index).
 inline float SynthValue(uint64_t seed, uint64_t index) {
   const uint64_t h = SplitMix64((seed * 0x100000001B3ULL) ^ index);
-  return static_cast<float>(static_cast<double>(h >> 40) / 16777216.0 * 2.0 - 1.0);
+  return static_cast<float>(static_cast<double>(h >> 40) / 16777216.0 * 2.0 -
+                            1.0);
 }
 
 /// Label of content token `index` of the logical [N, content_tokens] label

@@ -104,12 +104,15 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
   // Python strings are always valid Unicode: bytes that are not UTF-8 have
   // no Python hash to match, so they are refused rather than hashed.
   const std::pair<const char*, const std::string*> strings[] = {
-      {"family", &options.family}, {"ckpt", &options.ckpt}, {"dataset", &options.dataset}};
+      {"family", &options.family},
+      {"ckpt", &options.ckpt},
+      {"dataset", &options.dataset}};
   for (const auto& [name, value] : strings) {
     if (!IsValidUtf8(*value)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "writer: option '", name, "' is not valid UTF-8; metadata strings must be "
-          "Unicode text"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("writer: option '", name,
+                       "' is not valid UTF-8; metadata strings must be "
+                       "Unicode text"));
     }
   }
   PyJsonOptions raw;
@@ -164,9 +167,11 @@ DatasetWriter::~DatasetWriter() {
 absl::Status DatasetWriter::OpenShard(int64_t index) {
   const ShardEntry& entry = desc_.shards[static_cast<size_t>(index)];
   const std::string path = JoinPath(temp_dir_, entry.name);
-  ASSIGN_OR_RETURN(shard_fd_, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
+  ASSIGN_OR_RETURN(shard_fd_,
+                   OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
   shard_index_ = index;
-  shard_bytes_left_ = static_cast<uint64_t>(entry.n_examples) * desc_.example_bytes();
+  shard_bytes_left_ =
+      static_cast<uint64_t>(entry.n_examples) * desc_.example_bytes();
   shard_sha_ = Sha256();
   return absl::OkStatus();
 }
@@ -174,14 +179,16 @@ absl::Status DatasetWriter::OpenShard(int64_t index) {
 absl::Status DatasetWriter::CloseShard() {
   const ShardEntry& entry = desc_.shards[static_cast<size_t>(shard_index_)];
   const std::string path = JoinPath(temp_dir_, entry.name);
-  if (options_.full_size_last_shard && entry.n_examples < desc_.examples_per_shard) {
+  if (options_.full_size_last_shard &&
+      entry.n_examples < desc_.examples_per_shard) {
     // Reproduce writers that preallocate the last shard: zero rows follow.
-    const uint64_t pad = static_cast<uint64_t>(desc_.examples_per_shard -
-                                               entry.n_examples) *
-                         desc_.example_bytes();
+    const uint64_t pad =
+        static_cast<uint64_t>(desc_.examples_per_shard - entry.n_examples) *
+        desc_.example_bytes();
     std::vector<char> zeros(std::min<uint64_t>(pad, 8 << 20), 0);
     for (uint64_t left = pad; left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
       RETURN_IF_ERROR(WriteFull(shard_fd_.get(), zeros.data(), n, path));
       shard_sha_.Update(zeros.data(), n);
       left -= n;
@@ -208,8 +215,10 @@ absl::Status DatasetWriter::Append(const void* data, size_t bytes) {
       }
       RETURN_IF_ERROR(OpenShard(next));
     }
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, shard_bytes_left_));
-    const std::string& name = desc_.shards[static_cast<size_t>(shard_index_)].name;
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(bytes, shard_bytes_left_));
+    const std::string& name =
+        desc_.shards[static_cast<size_t>(shard_index_)].name;
     RETURN_IF_ERROR(WriteFull(shard_fd_.get(), in, n, name));
     shard_sha_.Update(in, n);
     shard_bytes_left_ -= n;
@@ -240,9 +249,9 @@ absl::Status DatasetWriter::AppendLabels(const uint8_t* labels, size_t bytes) {
 absl::Status DatasetWriter::CompareWithExisting(const std::string& target) {
   absl::StatusOr<DatasetInfo> existing = ReadDatasetInfo(target);
   if (!existing.ok()) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        target, " already exists but is not a readable dataset (",
-        existing.status().message(), "); left untouched"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(target, " already exists but is not a readable dataset (",
+                     existing.status().message(), "); left untouched"));
   }
   PyJsonOptions sorted;
   sorted.sort_keys = true;
@@ -267,8 +276,10 @@ absl::Status DatasetWriter::CompareWithExisting(const std::string& target) {
 }
 
 absl::StatusOr<WriteResult> DatasetWriter::Finish() {
-  if (finished_) return absl::FailedPreconditionError("writer: already finished");
-  const uint64_t expected = static_cast<uint64_t>(desc_.n_examples) * desc_.example_bytes();
+  if (finished_)
+    return absl::FailedPreconditionError("writer: already finished");
+  const uint64_t expected =
+      static_cast<uint64_t>(desc_.n_examples) * desc_.example_bytes();
   if (bytes_written_ != expected) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "writer: %d bytes of activations were written but n_examples = %d "
@@ -294,7 +305,8 @@ absl::StatusOr<WriteResult> DatasetWriter::Finish() {
   PyJsonOptions pretty;
   pretty.indent = 4;
   Json shards = Json::array();
-  const char* count_key = desc_.variant == Variant::kV1 ? "n_imgs" : "n_examples";
+  const char* count_key =
+      desc_.variant == Variant::kV1 ? "n_imgs" : "n_examples";
   for (const ShardEntry& s : desc_.shards) {
     Json e = Json::object();
     e["name"] = s.name;
@@ -309,7 +321,8 @@ absl::StatusOr<WriteResult> DatasetWriter::Finish() {
   sums_.emplace_back(kMetadataFile, Sha256Hex(meta_text));
   std::sort(sums_.begin(), sums_.end());
   std::string sums_text;
-  for (const auto& [name, hex] : sums_) absl::StrAppend(&sums_text, hex, "  ", name, "\n");
+  for (const auto& [name, hex] : sums_)
+    absl::StrAppend(&sums_text, hex, "  ", name, "\n");
   RETURN_IF_ERROR(WriteNewFile(JoinPath(temp_dir_, kChecksumsFile), sums_text));
   RETURN_IF_ERROR(FsyncDirectory(temp_dir_));
 
@@ -330,8 +343,8 @@ absl::StatusOr<WriteResult> DatasetWriter::Finish() {
   }
   if (rc != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY) {
-      return ErrnoToStatus(errno, absl::StrCat("rename ", temp_dir_, " to ",
-                                               result.path));
+      return ErrnoToStatus(
+          errno, absl::StrCat("rename ", temp_dir_, " to ", result.path));
     }
     absl::Status same = CompareWithExisting(result.path);
     if (!same.ok()) {

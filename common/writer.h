@@ -23,18 +23,18 @@ namespace shardcast {
 
 /// The dataset to write. Fields map to seed 000's metadata.json.
 struct WriterOptions {
-  std::string root;                 // parent directory; created if missing
-  std::string family = "unknown";   // "clip", "siglip", "dinov2", ...
-  std::string ckpt = "unknown";     // model identifier
-  std::vector<int64_t> layers;      // recorded layer values, unique
-  int64_t content_tokens = 0;       // patches_per_ex (without CLS)
+  std::string root;                // parent directory; created if missing
+  std::string family = "unknown";  // "clip", "siglip", "dinov2", ...
+  std::string ckpt = "unknown";    // model identifier
+  std::vector<int64_t> layers;     // recorded layer values, unique
+  int64_t content_tokens = 0;      // patches_per_ex (without CLS)
   bool cls_token = false;
   int64_t d_model = 0;
-  int64_t n_examples = 0;           // must be known up front (it is hashed)
-  int64_t token_budget = 2400000;   // patches_per_shard
-  Json data = "";                   // opaque; seed 000: base64 pickle string
-  std::string dataset;              // path of the source dataset
-  bool with_labels = false;         // expect AppendLabels for every example
+  int64_t n_examples = 0;          // must be known up front (it is hashed)
+  int64_t token_budget = 2400000;  // patches_per_shard
+  Json data = "";                  // opaque; seed 000: base64 pickle string
+  std::string dataset;             // path of the source dataset
+  bool with_labels = false;        // expect AppendLabels for every example
 
   // Test-only knobs to reproduce datasets written by other tools; the
   // default writes exactly seed 000's protocol "2.1".
@@ -45,7 +45,7 @@ struct WriterOptions {
 
 /// What Finish produced.
 struct WriteResult {
-  std::string path;   // <root>/<HASH>
+  std::string path;  // <root>/<HASH>
   std::string hash;
   bool reused = false;  // an identical dataset already existed; kept it
 };
@@ -93,9 +93,9 @@ class DatasetWriter {
   std::string temp_dir_;
   bool finished_ = false;
 
-  uint64_t bytes_written_ = 0;        // into acts files, all shards
-  int64_t shard_index_ = -1;          // shard currently open
-  uint64_t shard_bytes_left_ = 0;     // room left in the open shard
+  uint64_t bytes_written_ = 0;     // into acts files, all shards
+  int64_t shard_index_ = -1;       // shard currently open
+  uint64_t shard_bytes_left_ = 0;  // room left in the open shard
   UniqueFd shard_fd_;
   Sha256 shard_sha_;
   std::vector<std::pair<std::string, std::string>> sums_;  // name, hex

@@ -2,7 +2,6 @@
 // literals from /usr/bin/python3 hashlib; expected file contents are built
 // here in C order with plain loops; checksums are verified by `sha256sum -c`.
 #include "common/writer.h"
-#include "common/testing.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/dataset.h"
 #include "common/reader.h"
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -50,12 +50,11 @@ constexpr char kHash6[] =
 constexpr char kMetadataText[] =
     "{\n    \"family\": \"clip\",\n    \"ckpt\": \"ViT-B-16/openai\",\n"
     "    \"layers\": [\n        -2,\n        6\n    ],\n"
-    "    \"patches_per_ex\": 3,\n    \"cls_token\": true,\n    \"d_model\": 5,\n"
+    "    \"patches_per_ex\": 3,\n    \"cls_token\": true,\n    \"d_model\": "
+    "5,\n"
     "    \"n_examples\": 7,\n    \"patches_per_shard\": 20,\n"
     "    \"data\": \"gASVZmFrZQ==\",\n    \"dataset\": \"/data/caf\\u00e9\",\n"
     "    \"dtype\": \"float32\",\n    \"protocol\": \"2.1\"\n}\n";
-
-
 
 std::set<std::string> List(const std::string& dir) {
   std::set<std::string> names;
@@ -102,7 +101,8 @@ std::string ExampleBytes(int64_t first, int64_t count, float bias = 0) {
 
 std::string LabelBytes(int64_t n) {
   std::string out;
-  for (int64_t i = 0; i < n * kP; ++i) out.push_back(static_cast<char>(i * 7 % 251));
+  for (int64_t i = 0; i < n * kP; ++i)
+    out.push_back(static_cast<char>(i * 7 % 251));
   return out;
 }
 
@@ -150,10 +150,10 @@ TEST(DatasetWriter, WritesExactlyTheFilesOfTheProtocol) {
   TempRoot root;
   absl::StatusOr<WriteResult> r = WriteAll(Options(root.path(), 7));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(List(r->path),
-            (std::set<std::string>{"metadata.json", "shards.json", "acts000000.bin",
-                                   "acts000001.bin", "acts000002.bin",
-                                   "acts000003.bin", "labels.bin", "SHA256SUMS"}));
+  EXPECT_EQ(List(r->path), (std::set<std::string>{
+                               "metadata.json", "shards.json", "acts000000.bin",
+                               "acts000001.bin", "acts000002.bin",
+                               "acts000003.bin", "labels.bin", "SHA256SUMS"}));
 }
 
 TEST(DatasetWriter, MetadataHasExactlySeed000Fields) {
@@ -164,10 +164,10 @@ TEST(DatasetWriter, MetadataHasExactlySeed000Fields) {
   const Json m = Json::parse(text);
   std::set<std::string> keys;
   for (auto it = m.begin(); it != m.end(); ++it) keys.insert(it.key());
-  EXPECT_EQ(keys, (std::set<std::string>{"family", "ckpt", "layers", "patches_per_ex",
-                                         "cls_token", "d_model", "n_examples",
-                                         "patches_per_shard", "data", "dataset",
-                                         "dtype", "protocol"}));
+  EXPECT_EQ(keys, (std::set<std::string>{
+                      "family", "ckpt", "layers", "patches_per_ex", "cls_token",
+                      "d_model", "n_examples", "patches_per_shard", "data",
+                      "dataset", "dtype", "protocol"}));
   EXPECT_EQ(m["family"], "clip");
   EXPECT_EQ(m["ckpt"], "ViT-B-16/openai");
   EXPECT_EQ(m["layers"], Json::parse("[-2, 6]"));
@@ -228,7 +228,10 @@ TEST(DatasetWriter, SumsPassSha256sumCheck) {
   TempRoot root;
   absl::StatusOr<WriteResult> r = WriteAll(Options(root.path(), 7));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(system(("cd '" + r->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()), 0);
+  EXPECT_EQ(
+      system(
+          ("cd '" + r->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()),
+      0);
   // Every file except SHA256SUMS itself is listed.
   const std::string sums = ReadFile(r->path + "/SHA256SUMS");
   for (const char* name : {"metadata.json", "shards.json", "acts000000.bin",
@@ -277,8 +280,10 @@ TEST(DatasetWriter, OutputIsReadBackByTheReader) {
 TEST(DatasetWriter, AppendSplitAtOddByteBoundariesGivesTheSameBytes) {
   TempRoot a, b, c;
   absl::StatusOr<WriteResult> ra = WriteAll(Options(a.path(), 7));
-  absl::StatusOr<WriteResult> rb = WriteAll(Options(b.path(), 7), 0, /*chunk=*/7);
-  absl::StatusOr<WriteResult> rc = WriteAll(Options(c.path(), 7), 0, /*chunk=*/333);
+  absl::StatusOr<WriteResult> rb =
+      WriteAll(Options(b.path(), 7), 0, /*chunk=*/7);
+  absl::StatusOr<WriteResult> rc =
+      WriteAll(Options(c.path(), 7), 0, /*chunk=*/333);
   ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   for (const std::string name :
        {"metadata.json", "shards.json", "acts000000.bin", "acts000001.bin",
@@ -304,7 +309,8 @@ TEST(DatasetWriter, IrregularChunksAcrossShardBoundariesGiveTheSameBytes) {
   absl::StatusOr<WriteResult> r = (*w)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
   std::string all;
-  for (int s = 0; s < 4; ++s) all += ReadFile(r->path + absl::StrFormat("/acts%06d.bin", s));
+  for (int s = 0; s < 4; ++s)
+    all += ReadFile(r->path + absl::StrFormat("/acts%06d.bin", s));
   EXPECT_EQ(all, bytes);
 }
 
@@ -335,10 +341,12 @@ TEST(DatasetWriter, FinishWithTooFewLabelsFails) {
   const std::string bytes = ExampleBytes(0, 7);
   ASSERT_TRUE((*w)->Append(bytes.data(), bytes.size()).ok());
   const std::string labels = LabelBytes(6);
-  ASSERT_TRUE((*w)->AppendLabels(reinterpret_cast<const uint8_t*>(labels.data()),
-                                 labels.size())
-                  .ok());
-  EXPECT_EQ((*w)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(
+      (*w)->AppendLabels(reinterpret_cast<const uint8_t*>(labels.data()),
+                         labels.size())
+          .ok());
+  EXPECT_EQ((*w)->Finish().status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_FALSE(fs::exists(root.path() + "/" + kHash7));
 }
 
@@ -362,9 +370,11 @@ TEST(DatasetWriter, LabelsPastTheEndAreOutOfRangeAndUnexpectedLabelsRefused) {
             absl::StatusCode::kOutOfRange);
   auto w2 = DatasetWriter::Create(Options(root.path(), 7, false));
   ASSERT_TRUE(w2.ok());
-  EXPECT_EQ((*w2)->AppendLabels(reinterpret_cast<const uint8_t*>(labels.data()), 3)
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      (*w2)
+          ->AppendLabels(reinterpret_cast<const uint8_t*>(labels.data()), 3)
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(DatasetWriter, DestroyingAnUnfinishedWriterRemovesItsTempDir) {
@@ -411,17 +421,23 @@ TEST(DatasetWriter, DifferentDataWithIdenticalMetadataIsAlreadyExists) {
   absl::StatusOr<WriteResult> first = WriteAll(Options(root.path(), 7));
   ASSERT_TRUE(first.ok()) << first.status();
   std::vector<std::string> before;
-  for (const std::string& n : List(first->path)) before.push_back(ReadFile(first->path + "/" + n));
+  for (const std::string& n : List(first->path))
+    before.push_back(ReadFile(first->path + "/" + n));
 
-  absl::StatusOr<WriteResult> second = WriteAll(Options(root.path(), 7), /*bias=*/0.25f);
+  absl::StatusOr<WriteResult> second =
+      WriteAll(Options(root.path(), 7), /*bias=*/0.25f);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(first->path));
 
   std::vector<std::string> after;
-  for (const std::string& n : List(first->path)) after.push_back(ReadFile(first->path + "/" + n));
+  for (const std::string& n : List(first->path))
+    after.push_back(ReadFile(first->path + "/" + n));
   EXPECT_EQ(before, after);
-  EXPECT_EQ(system(("cd '" + first->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()), 0);
+  EXPECT_EQ(
+      system(("cd '" + first->path + "' && sha256sum -c --quiet SHA256SUMS")
+                 .c_str()),
+      0);
   for (const std::string& name : List(root.path())) {
     EXPECT_TRUE(name == kHash7 || IsTempName(name)) << name;
   }
@@ -501,7 +517,10 @@ TEST(DatasetWriter, FullSizeLastShardIsZeroPadded) {
   std::string expected = ExampleBytes(6, 1);
   expected.resize(kS * kExampleBytes, '\0');
   EXPECT_EQ(ReadFile(r->path + "/acts000003.bin"), expected);
-  EXPECT_EQ(system(("cd '" + r->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()), 0);
+  EXPECT_EQ(
+      system(
+          ("cd '" + r->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()),
+      0);
   EXPECT_TRUE(OpenDatasetInfo(r->path).ok());
 }
 
@@ -568,10 +587,11 @@ constexpr int64_t kCrashExamples = 7;
   const std::string labels = LabelBytes(kCrashExamples);
   for (int64_t e = 0; e < kCrashExamples; ++e) {
     for (size_t off = 0; off < kExampleBytes; off += 40) {
-      if (!(*w)->Append(bytes.data() + e * kExampleBytes + off, 40).ok()) _exit(1);
+      if (!(*w)->Append(bytes.data() + e * kExampleBytes + off, 40).ok())
+        _exit(1);
     }
     if (!(*w)->AppendLabels(
-             reinterpret_cast<const uint8_t*>(labels.data()) + e * kP, kP)
+                 reinterpret_cast<const uint8_t*>(labels.data()) + e * kP, kP)
              .ok()) {
       _exit(1);
     }
@@ -620,7 +640,8 @@ TEST(DatasetWriterCrash, KillAtEveryStepLeavesNoPartialDataset) {
     const int datasets = CheckRootAfterCrash(root.path(), kCrashExamples);
     EXPECT_EQ(datasets, kill_at == kCrashExamples + 1 ? 1 : 0);
     // A writer run after the crash is not disturbed by the leftovers.
-    absl::StatusOr<WriteResult> again = WriteAll(Options(root.path(), kCrashExamples));
+    absl::StatusOr<WriteResult> again =
+        WriteAll(Options(root.path(), kCrashExamples));
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->reused, datasets == 1);
     EXPECT_EQ(CheckRootAfterCrash(root.path(), kCrashExamples), 1);
@@ -679,14 +700,16 @@ TEST(DatasetWriter, NonUtf8StringOptionNeverYieldsAMisnamedDataset) {
   o.dataset = "/data/caf\xe9";
   absl::StatusOr<WriteResult> r = WriteAll(o);
   if (!r.ok()) {
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << r.status();
     return;
   }
   absl::StatusOr<DatasetInfo> info = OpenDatasetInfo(r->path);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_TRUE(info->hash_matches_dir)
       << "directory " << info->dir_name << " but metadata.json hashes to "
-      << info->hash << "; metadata.json: " << ReadFile(r->path + "/metadata.json");
+      << info->hash
+      << "; metadata.json: " << ReadFile(r->path + "/metadata.json");
 }
 
 }  // namespace

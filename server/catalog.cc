@@ -26,7 +26,8 @@ bool LooksLikeDataset(const std::string& dir) {
   if (d == nullptr) return true;  // unreadable: report it
   bool found = false;
   while (struct dirent* e = ::readdir(d)) {
-    if (absl::StartsWith(e->d_name, "acts") && absl::EndsWith(e->d_name, ".bin")) {
+    if (absl::StartsWith(e->d_name, "acts") &&
+        absl::EndsWith(e->d_name, ".bin")) {
       found = true;
       break;
     }
@@ -69,7 +70,8 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
       struct stat st;
       if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
       if (!LooksLikeDataset(dir)) {
-        LogDebug("skipping ", dir, ": no metadata.json, shards.json or acts*.bin");
+        LogDebug("skipping ", dir,
+                 ": no metadata.json, shards.json or acts*.bin");
         continue;
       }
       auto entry = std::make_shared<CatalogEntry>();
@@ -97,8 +99,10 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
         }
         for (const std::string& w : dd.warnings) LogWarning(w);
         if (!entry->info->hash_matches_dir) {
-          LogWarning("dataset ", dir, ": directory name does not match the "
-                     "content hash ", entry->info->hash, " (served anyway)");
+          LogWarning("dataset ", dir,
+                     ": directory name does not match the "
+                     "content hash ",
+                     entry->info->hash, " (served anyway)");
         }
         LogInfo("dataset ", name, " loaded: protocol ", dd.protocol, ", ",
                 dd.n_examples, " examples, layers ", dd.num_layers(), ", T ",
@@ -115,7 +119,8 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
     }
   }
   for (const auto& [id, entry] : *previous) {
-    if (next->count(id) == 0) LogInfo("dataset ", id, " is gone from ", entry->dir);
+    if (next->count(id) == 0)
+      LogInfo("dataset ", id, " is gone from ", entry->dir);
   }
   MutexLock lock(&mu_);
   snapshot_ = std::move(next);
@@ -143,16 +148,17 @@ absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Find(
   auto exact = snap->find(std::string(id));
   if (exact != snap->end()) return exact->second;
   if (id.size() < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset \"", id, "\" not found; a prefix must have at least 8 characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset \"", id,
+                     "\" not found; a prefix must have at least 8 characters"));
   }
   std::shared_ptr<const CatalogEntry> match;
   for (auto it = snap->lower_bound(std::string(id));
        it != snap->end() && absl::StartsWith(it->first, id); ++it) {
     if (match != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset prefix \"", id, "\" is ambiguous: it matches ", match->id,
-          " and ", it->first));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset prefix \"", id, "\" is ambiguous: it matches ",
+                       match->id, " and ", it->first));
     }
     match = it->second;
   }
@@ -167,8 +173,9 @@ absl::StatusOr<std::shared_ptr<const DatasetReader>> Catalog::Resolve(
   absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry = Find(id);
   if (!entry.ok()) return entry.status();
   if (!(*entry)->status.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", (*entry)->id, " is not served: ", (*entry)->status.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", (*entry)->id,
+                     " is not served: ", (*entry)->status.message()));
   }
   return (*entry)->reader;
 }

@@ -6,8 +6,8 @@
 #define SHARDCAST_SERVER_CATALOG_H_
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,10 +21,10 @@ namespace shardcast {
 
 /// One dataset directory found under a root. Immutable once published.
 struct CatalogEntry {
-  std::string id;    // directory name
-  std::string dir;   // full path (never sent to clients)
-  absl::Status status;                          // OK: being served
-  std::optional<DatasetInfo> info;              // when the JSON parsed
+  std::string id;                   // directory name
+  std::string dir;                  // full path (never sent to clients)
+  absl::Status status;              // OK: being served
+  std::optional<DatasetInfo> info;  // when the JSON parsed
   std::shared_ptr<const DatasetReader> reader;  // when status is OK
 };
 
@@ -39,17 +39,18 @@ class Catalog {
   std::pair<int64_t, int64_t> Rescan() ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Entries sorted by id.
-  std::vector<std::shared_ptr<const CatalogEntry>> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::shared_ptr<const CatalogEntry>> List() const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Finds an entry by id or unique prefix. NOT_FOUND for no match,
   /// INVALID_ARGUMENT for a prefix under 8 characters or matching several.
-  absl::StatusOr<std::shared_ptr<const CatalogEntry>> Find(absl::string_view id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const CatalogEntry>> Find(
+      absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Find() + the entry's reader; FAILED_PRECONDITION (with the load error)
   /// for a dataset that was rejected.
-  absl::StatusOr<std::shared_ptr<const DatasetReader>> Resolve(absl::string_view id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const DatasetReader>> Resolve(
+      absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Snapshot = std::map<std::string, std::shared_ptr<const CatalogEntry>>;

@@ -62,11 +62,14 @@ TEST_F(CatalogTest, AmbiguousPrefixIsAnError) {
   // served under any name; the name mismatch is only a warning).
   const std::string id = Write(root_a_, 3);
   ASSERT_EQ(std::system(("cp -r " + JoinPath(root_a_, id) + " " +
-                         JoinPath(root_a_, id.substr(0, 8) + "_copy")).c_str()), 0);
+                         JoinPath(root_a_, id.substr(0, 8) + "_copy"))
+                            .c_str()),
+            0);
   Catalog catalog({root_a_});
   catalog.Rescan();
   auto r = catalog.Resolve(id.substr(0, 8));
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
   EXPECT_TRUE(catalog.Resolve(id).ok());  // the exact id still works
 }
 
@@ -88,7 +91,8 @@ TEST_F(CatalogTest, BrokenDatasetIsListedWithItsErrorAndNotServed) {
   EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{0, 1}));
   auto list = catalog.List();
   ASSERT_EQ(list.size(), 1u);
-  EXPECT_EQ(list[0]->status.code(), absl::StatusCode::kNotFound);  // no metadata.json
+  EXPECT_EQ(list[0]->status.code(),
+            absl::StatusCode::kNotFound);  // no metadata.json
   EXPECT_EQ(catalog.Resolve("broken").status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
@@ -97,7 +101,9 @@ TEST_F(CatalogTest, DirectoriesWithoutProtocolFilesAndDotDirsAreIgnored) {
   Write(root_a_, 2);
   ASSERT_EQ(::mkdir(JoinPath(root_a_, "lost+found").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir(JoinPath(root_a_, ".shardcast-tmp-x").c_str(), 0755), 0);
-  std::ofstream(JoinPath(JoinPath(root_a_, ".shardcast-tmp-x"), "metadata.json")) << "{";
+  std::ofstream(
+      JoinPath(JoinPath(root_a_, ".shardcast-tmp-x"), "metadata.json"))
+      << "{";
   Catalog catalog({root_a_});
   EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{1, 0}));
   EXPECT_EQ(catalog.List().size(), 1u);
@@ -110,7 +116,8 @@ TEST_F(CatalogTest, RescanDropsDeletedDatasetsAndAddsNewOnes) {
   ASSERT_TRUE(RemoveTree(JoinPath(root_a_, first)).ok());
   const std::string second = Write(root_a_, 5);
   catalog.Rescan();
-  EXPECT_EQ(catalog.Resolve(first).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog.Resolve(first).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_TRUE(catalog.Resolve(second).ok());
 }
 

@@ -11,8 +11,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file.h"
 #include "common/mutex.h"
 #include "common/pyjson.h"
@@ -73,7 +73,8 @@ absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
 std::string HostOf(absl::string_view host_port) {
   if (absl::StartsWith(host_port, "[")) {
     const size_t end = host_port.find(']');
-    return std::string(host_port.substr(1, end == absl::string_view::npos ? end : end - 1));
+    return std::string(
+        host_port.substr(1, end == absl::string_view::npos ? end : end - 1));
   }
   const size_t colon = host_port.rfind(':');
   return std::string(host_port.substr(0, colon));
@@ -84,9 +85,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   const bool tls = !o.tls_cert_file.empty() || !o.tls_key_file.empty();
   if (!tls) {
     if (!IsLoopbackAddress(o.tcp_address) && !o.insecure_tcp) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "TCP listener ", o.tcp_address, " is not a loopback address: give "
-          "--tls-cert and --tls-key, or --insecure-tcp to serve it without TLS"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("TCP listener ", o.tcp_address,
+                       " is not a loopback address: give "
+                       "--tls-cert and --tls-key, or --insecure-tcp to serve "
+                       "it without TLS"));
     }
     if (!IsLoopbackAddress(o.tcp_address)) {
       LogWarning("TCP listener ", o.tcp_address,
@@ -95,7 +98,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
     return grpc::InsecureServerCredentials();
   }
   if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
-    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    return absl::InvalidArgumentError(
+        "TLS needs both --tls-cert and --tls-key");
   }
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
@@ -103,7 +107,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   ASSIGN_OR_RETURN(pair.private_key, ReadFileToString(o.tls_key_file));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (!o.tls_client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(o.tls_client_ca_file));
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadFileToString(o.tls_client_ca_file));
     ssl.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -147,22 +152,24 @@ struct Daemon::Impl {
 
   absl::Status StartHttp() {
     http = std::make_unique<httplib::Server>();
-    http->Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
-      const bool up = serving.load();
-      res.status = up ? 200 : 503;
-      res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
-    });
-    http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics.PrometheusText(serving.load()),
-                      "text/plain; version=0.0.4");
-    });
+    http->Get("/healthz",
+              [this](const httplib::Request&, httplib::Response& res) {
+                const bool up = serving.load();
+                res.status = up ? 200 : 503;
+                res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
+              });
+    http->Get("/metrics",
+              [this](const httplib::Request&, httplib::Response& res) {
+                res.set_content(metrics.PrometheusText(serving.load()),
+                                "text/plain; version=0.0.4");
+              });
     const std::string host = HostOf(options.http_address);
     const std::string port_text =
         options.http_address.substr(options.http_address.rfind(':') + 1);
     int port = 0;
     if (!absl::SimpleAtoi(port_text, &port)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--http ", options.http_address, " is not host:port"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http ", options.http_address, " is not host:port"));
     }
     if (port == 0) {
       port = http->bind_to_any_port(host);
@@ -214,11 +221,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 
   d->catalog = std::make_unique<Catalog>(options.roots);
   d->Rescan();
-  d->engine = std::make_unique<QueryEngine>(d->catalog.get(), &d->metrics, options.limits);
+  d->engine = std::make_unique<QueryEngine>(d->catalog.get(), &d->metrics,
+                                            options.limits);
   d->pool = std::make_unique<WorkerPool>(options.query_threads);
-  d->query_service = std::make_unique<QueryService>(d->engine.get(), d->pool.get(),
-                                                    &d->metrics, &d->serving);
-  d->admin_service = std::make_unique<AdminService>(d->catalog.get(), &d->metrics);
+  d->query_service = std::make_unique<QueryService>(
+      d->engine.get(), d->pool.get(), &d->metrics, &d->serving);
+  d->admin_service =
+      std::make_unique<AdminService>(d->catalog.get(), &d->metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -247,19 +256,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     if (!options.socket_group.empty()) {
       struct group* g = ::getgrnam(options.socket_group.c_str());
       if (g == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("socket group ", options.socket_group, " does not exist"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "socket group ", options.socket_group, " does not exist"));
       }
-      if (::chown(options.unix_socket.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("chgrp ", options.unix_socket));
+      if (::chown(options.unix_socket.c_str(), static_cast<uid_t>(-1),
+                  g->gr_gid) != 0) {
+        return ErrnoToStatus(errno,
+                             absl::StrCat("chgrp ", options.unix_socket));
       }
     }
     LogInfo("listening on unix:", options.unix_socket);
   }
   if (tcp_creds != nullptr) {
     LogInfo("listening on ", HostOf(options.tcp_address), ":", d->tcp_port,
-            options.tls_cert_file.empty() ? " (no TLS)"
-            : options.tls_client_ca_file.empty() ? " (TLS)" : " (mutual TLS)");
+            options.tls_cert_file.empty()        ? " (no TLS)"
+            : options.tls_client_ca_file.empty() ? " (TLS)"
+                                                 : " (mutual TLS)");
   }
   if (!options.http_address.empty()) RETURN_IF_ERROR(d->StartHttp());
   d->server->GetHealthCheckService()->SetServingStatus(true);
@@ -294,8 +306,8 @@ void Daemon::Shutdown() {
     absl::SleepFor(absl::Milliseconds(10));
   }
   if (d->metrics.calls_in_flight.load() > 0) {
-    LogWarning("grace period over: cancelling ", d->metrics.calls_in_flight.load(),
-               " call(s) in flight");
+    LogWarning("grace period over: cancelling ",
+               d->metrics.calls_in_flight.load(), " call(s) in flight");
   }
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
@@ -319,7 +331,8 @@ void Daemon::Shutdown() {
 void Daemon::Wait() {
   Impl* d = impl_.get();
   MutexLock lock(&d->mu);
-  d->shutdown_cv.Wait([d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->shutdown_done; });
+  d->shutdown_cv.Wait(
+      [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->shutdown_done; });
 }
 
 int Daemon::tcp_port() const { return impl_->tcp_port; }
@@ -330,7 +343,8 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* o,
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   ASSIGN_OR_RETURN(Json j, ParseJson(text, path));
   if (!j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": must hold a JSON object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": must hold a JSON object"));
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
@@ -373,19 +387,23 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* o,
       if (!v.is_boolean()) return bad("true or false");
       o->insecure_tcp = v.get<bool>();
     } else if (key == "query_threads") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1) return bad("an integer >= 1");
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return bad("an integer >= 1");
       o->query_threads = static_cast<int>(v.get<int64_t>());
     } else if (key == "max_vectors_per_call") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1) return bad("an integer >= 1");
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return bad("an integer >= 1");
       o->limits.max_vectors_per_call = v.get<int64_t>();
     } else if (key == "max_bytes_per_call") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1) return bad("an integer >= 1");
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return bad("an integer >= 1");
       o->limits.max_bytes_per_call = v.get<uint64_t>();
     } else if (key == "shutdown_grace_seconds") {
       if (!v.is_number() || v.get<double>() < 0) return bad("a number >= 0");
       o->shutdown_grace = absl::Seconds(v.get<double>());
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key \"", key, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unknown key \"", key, "\""));
     }
   }
   return absl::OkStatus();

@@ -22,7 +22,8 @@ constexpr char kStreamMethod[] = "/shardcast.v1.Stream/Stream";
 
 template <typename Message>
 absl::Status ParseRequest(grpc::ByteBuffer* buffer, Message* message) {
-  grpc::Status st = grpc::SerializationTraits<Message>::Deserialize(buffer, message);
+  grpc::Status st =
+      grpc::SerializationTraits<Message>::Deserialize(buffer, message);
   if (!st.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed ", Message::descriptor()->full_name(),
@@ -68,13 +69,14 @@ grpc::ByteBuffer ProtoReply(const Message& message) {
 // the reply and finish. Deletes itself in OnDone.
 class QueryReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  QueryReactor(const QueryService* service, grpc::GenericCallbackServerContext* ctx)
+  QueryReactor(const QueryService* service,
+               grpc::GenericCallbackServerContext* ctx)
       : service_(service), method_(ctx->method()) {
     service_->metrics()->calls_total++;
     service_->metrics()->calls_in_flight++;
     LogDebug("call ", method_, " from ", ctx->peer());
     StartRead(&request_);  // queued until CreateReactor returns
-    TsanRelease(this);      // hand-off to gRPC (see common/tsan.h)
+    TsanRelease(this);     // hand-off to gRPC (see common/tsan.h)
   }
 
   void OnReadDone(bool ok) override {
@@ -90,8 +92,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     });
   }
 
-  void OnWriteDone(bool /*ok*/) override {
-  }
+  void OnWriteDone(bool /*ok*/) override {}
 
   void OnDone() override {
     TsanAcquire(this);
@@ -124,7 +125,8 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       for (const v1::Coordinate& c : req.coordinates()) {
         coords.push_back({c.example(), c.layer(), c.token()});
       }
-      ASSIGN_OR_RETURN(VectorsResult r, engine->GetVectors(req.dataset(), coords));
+      ASSIGN_OR_RETURN(VectorsResult r,
+                       engine->GetVectors(req.dataset(), coords));
       return VectorsReply(std::move(r));
     }
     if (name == "GetExample") {
@@ -189,20 +191,22 @@ grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model) {
 // flight, so a slow client holds at most one batch). Deletes itself in OnDone.
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  StreamReactor(const QueryService* service, grpc::GenericCallbackServerContext* ctx)
+  StreamReactor(const QueryService* service,
+                grpc::GenericCallbackServerContext* ctx)
       : service_(service), peer_(ctx->peer()) {
     Metrics* m = service_->metrics();
     m->calls_total++;
     m->calls_in_flight++;
     m->streams_active++;
     StartRead(&request_);  // queued until CreateReactor returns
-    TsanRelease(this);      // hand-off to gRPC (see common/tsan.h)
+    TsanRelease(this);     // hand-off to gRPC (see common/tsan.h)
   }
 
   void OnReadDone(bool ok) override {
     TsanAcquire(this);
     if (!ok) {
-      FinishWith(absl::InvalidArgumentError("Stream: the client sent no request"));
+      FinishWith(
+          absl::InvalidArgumentError("Stream: the client sent no request"));
       return;
     }
     service_->pool()->Submit([this] {
@@ -268,8 +272,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     spec.world_size = req.world_size();
     spec.drop_last = req.drop_last();
     d_model_ = (*reader)->desc().d_model;
-    auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name, spec,
-                                        req.resume_token());
+    auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name,
+                                        spec, req.resume_token());
     if (!stream.ok()) {
       FinishWith(stream.status());
       return;
@@ -277,7 +281,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     stream_ = std::move(*stream);
     LogInfo("stream client connected from ", peer_, ": dataset ", req.dataset(),
             ", ordered, batch ", spec.batch_size, ", rank ", spec.rank, "/",
-            spec.world_size, ", ", stream_->vectors_per_epoch(), " vectors per epoch");
+            spec.world_size, ", ", stream_->vectors_per_epoch(),
+            " vectors per epoch");
     Produce();
   }
 
@@ -348,8 +353,9 @@ grpc::ServerGenericBidiReactor* QueryService::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
   const bool is_stream = ctx->method() == kStreamMethod;
   if (!is_stream && ctx->method().rfind(kQueryPrefix, 0) != 0) {
-    return new RefusingReactor(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED, absl::StrCat("unknown method ", ctx->method())));
+    return new RefusingReactor(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                     absl::StrCat("unknown method ", ctx->method())));
   }
   if (!serving_->load()) {
     metrics_->CallDone(absl::StatusCode::kUnavailable);
@@ -412,11 +418,12 @@ grpc::ServerUnaryReactor* AdminService::DescribeDataset(
   return Done(ctx, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* ctx,
-                                                  const v1::GetStatusRequest*,
-                                                  v1::ServerStatus* response) {
+grpc::ServerUnaryReactor* AdminService::GetStatus(
+    grpc::CallbackServerContext* ctx, const v1::GetStatusRequest*,
+    v1::ServerStatus* response) {
   response->set_version("0.1.0");
-  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - metrics_->start_time));
+  response->set_uptime_seconds(
+      absl::ToDoubleSeconds(absl::Now() - metrics_->start_time));
   response->set_connected_clients(metrics_->calls_in_flight.load());
   response->set_calls_total(metrics_->calls_total.load() + 1);  // this one too
   response->set_calls_failed(metrics_->CallsFailed());

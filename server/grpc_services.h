@@ -51,12 +51,13 @@ class AdminService final : public v1::Admin::CallbackService {
   AdminService(const Catalog* catalog, Metrics* metrics)
       : catalog_(catalog), metrics_(metrics) {}
 
-  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* ctx,
-                                         const v1::ListDatasetsRequest* request,
-                                         v1::ListDatasetsResponse* response) override;
-  grpc::ServerUnaryReactor* DescribeDataset(grpc::CallbackServerContext* ctx,
-                                            const v1::DescribeDatasetRequest* request,
-                                            v1::DatasetInfo* response) override;
+  grpc::ServerUnaryReactor* ListDatasets(
+      grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest* request,
+      v1::ListDatasetsResponse* response) override;
+  grpc::ServerUnaryReactor* DescribeDataset(
+      grpc::CallbackServerContext* ctx,
+      const v1::DescribeDatasetRequest* request,
+      v1::DatasetInfo* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* request,
                                       v1::ServerStatus* response) override;

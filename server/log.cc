@@ -12,10 +12,14 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 const char* Name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarning: return "WARNING";
-    case LogLevel::kError: return "ERROR";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
   }
   return "?";
 }
@@ -34,9 +38,10 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
 
 void Log(LogLevel level, absl::string_view message) {
   if (static_cast<int>(level) < g_level.load(std::memory_order_relaxed)) return;
-  const std::string line = absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-      " ", Name(level), " ", message, "\n");
+  const std::string line =
+      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                                    absl::UTCTimeZone()),
+                   " ", Name(level), " ", message, "\n");
   // One fwrite per line keeps lines from interleaving between threads.
   std::fwrite(line.data(), 1, line.size(), stderr);
 }

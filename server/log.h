@@ -18,13 +18,21 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
 void Log(LogLevel level, absl::string_view message);
 
 template <typename... Args>
-void LogInfo(const Args&... args) { Log(LogLevel::kInfo, absl::StrCat(args...)); }
+void LogInfo(const Args&... args) {
+  Log(LogLevel::kInfo, absl::StrCat(args...));
+}
 template <typename... Args>
-void LogWarning(const Args&... args) { Log(LogLevel::kWarning, absl::StrCat(args...)); }
+void LogWarning(const Args&... args) {
+  Log(LogLevel::kWarning, absl::StrCat(args...));
+}
 template <typename... Args>
-void LogError(const Args&... args) { Log(LogLevel::kError, absl::StrCat(args...)); }
+void LogError(const Args&... args) {
+  Log(LogLevel::kError, absl::StrCat(args...));
+}
 template <typename... Args>
-void LogDebug(const Args&... args) { Log(LogLevel::kDebug, absl::StrCat(args...)); }
+void LogDebug(const Args&... args) {
+  Log(LogLevel::kDebug, absl::StrCat(args...));
+}
 
 }  // namespace shardcast
 

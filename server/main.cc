@@ -15,32 +15,44 @@ namespace shardcast {
 namespace {
 
 const std::vector<OptionSpec> kOptions = {
-    {"root", "DIR", "directory of dataset directories (<DIR>/<HASH>/); repeatable", true},
-    {"listen", "unix:PATH", "Unix socket for local clients (mode 0660, with PATH.lock)"},
-    {"socket-group", "GROUP", "group owning the Unix socket (default: the daemon's)"},
-    {"listen-tcp", "HOST:PORT", "TCP listener for remote clients; TLS required unless loopback"},
+    {"root", "DIR",
+     "directory of dataset directories (<DIR>/<HASH>/); repeatable", true},
+    {"listen", "unix:PATH",
+     "Unix socket for local clients (mode 0660, with PATH.lock)"},
+    {"socket-group", "GROUP",
+     "group owning the Unix socket (default: the daemon's)"},
+    {"listen-tcp", "HOST:PORT",
+     "TCP listener for remote clients; TLS required unless loopback"},
     {"tls-cert", "FILE", "PEM certificate chain for the TCP listener"},
     {"tls-key", "FILE", "PEM private key for the TCP listener"},
-    {"tls-client-ca", "FILE", "PEM CA: require and verify client certificates (mutual TLS)"},
+    {"tls-client-ca", "FILE",
+     "PEM CA: require and verify client certificates (mutual TLS)"},
     {"insecure-tcp", nullptr, "allow a non-loopback TCP listener without TLS"},
-    {"http", "HOST:PORT", "HTTP admin endpoint: /healthz and /metrics (Prometheus)"},
+    {"http", "HOST:PORT",
+     "HTTP admin endpoint: /healthz and /metrics (Prometheus)"},
     {"config", "FILE", "JSON file with the same settings (flags override it)"},
     {"query-threads", "N", "threads for blocking reads of queries (default 4)"},
-    {"max-vectors-per-call", "N", "RESOURCE_EXHAUSTED above this (default 1048576)"},
-    {"max-bytes-per-call", "N", "RESOURCE_EXHAUSTED above this (default 67108864)"},
-    {"grace-seconds", "S", "SIGTERM: wait this long for calls in flight (default 10)"},
+    {"max-vectors-per-call", "N",
+     "RESOURCE_EXHAUSTED above this (default 1048576)"},
+    {"max-bytes-per-call", "N",
+     "RESOURCE_EXHAUSTED above this (default 67108864)"},
+    {"grace-seconds", "S",
+     "SIGTERM: wait this long for calls in flight (default 10)"},
     {"log-level", "LEVEL", "debug, info (default), warning or error"},
 };
 
 constexpr char kUsage[] =
-    "Usage: shardcastd --root DIR [--root DIR ...] --listen unix:/path/to.sock\n"
+    "Usage: shardcastd --root DIR [--root DIR ...] --listen "
+    "unix:/path/to.sock\n"
     "                  [--listen-tcp HOST:PORT --tls-cert F --tls-key F "
     "[--tls-client-ca F]]\n"
     "                  [--http HOST:PORT] [--config FILE] [options]\n\n"
     "Serves the saev activation datasets found under each root: random-access\n"
     "queries, dataset listing and status over gRPC (package shardcast.v1, see\n"
-    "proto/), grpc.health.v1 health checking, and /healthz + /metrics over HTTP.\n"
-    "Datasets that fail validation are listed with their error and not served.\n\n"
+    "proto/), grpc.health.v1 health checking, and /healthz + /metrics over "
+    "HTTP.\n"
+    "Datasets that fail validation are listed with their error and not "
+    "served.\n\n"
     "Signals: SIGHUP rescans the roots; SIGTERM/SIGINT stop accepting calls,\n"
     "let calls in flight finish within the grace period, and exit 0.\n\n";
 
@@ -59,7 +71,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   auto usage_error = [](const absl::Status& s) {
-    std::fprintf(stderr, "shardcastd: %s (see --help)\n", std::string(s.message()).c_str());
+    std::fprintf(stderr, "shardcastd: %s (see --help)\n",
+                 std::string(s.message()).c_str());
     return 2;
   };
   if (!args->positional().empty()) {
@@ -69,7 +82,8 @@ int Main(int argc, char** argv) {
   DaemonOptions options;
   std::string log_level = "info";
   if (args->Has("config")) {
-    absl::Status st = ApplyConfigFile(args->Get("config"), &options, &log_level);
+    absl::Status st =
+        ApplyConfigFile(args->Get("config"), &options, &log_level);
     if (!st.ok()) return usage_error(st);
   }
   for (const std::string& r : args->GetAll("root")) options.roots.push_back(r);
@@ -88,14 +102,17 @@ int Main(int argc, char** argv) {
   options.tcp_address = args->Get("listen-tcp", options.tcp_address);
   options.tls_cert_file = args->Get("tls-cert", options.tls_cert_file);
   options.tls_key_file = args->Get("tls-key", options.tls_key_file);
-  options.tls_client_ca_file = args->Get("tls-client-ca", options.tls_client_ca_file);
+  options.tls_client_ca_file =
+      args->Get("tls-client-ca", options.tls_client_ca_file);
   options.insecure_tcp = options.insecure_tcp || args->Has("insecure-tcp");
   options.http_address = args->Get("http", options.http_address);
   options.socket_group = args->Get("socket-group", options.socket_group);
   auto threads = args->GetInt("query-threads", options.query_threads);
-  auto max_vectors = args->GetInt("max-vectors-per-call", options.limits.max_vectors_per_call);
-  auto max_bytes = args->GetInt("max-bytes-per-call",
-                                static_cast<int64_t>(options.limits.max_bytes_per_call));
+  auto max_vectors =
+      args->GetInt("max-vectors-per-call", options.limits.max_vectors_per_call);
+  auto max_bytes =
+      args->GetInt("max-bytes-per-call",
+                   static_cast<int64_t>(options.limits.max_bytes_per_call));
   auto grace = args->GetInt("grace-seconds",
                             absl::ToInt64Seconds(options.shutdown_grace));
   for (const absl::Status& s : {threads.status(), max_vectors.status(),

@@ -33,7 +33,8 @@ T Get(const std::string& in, size_t at) {
 
 }  // namespace
 
-absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d, const StreamSpec& spec) {
+absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d,
+                                            const StreamSpec& spec) {
   Selection s;
   if (spec.layer.has_value()) {
     ASSIGN_OR_RETURN(s.layer_index, d.LayerIndex(*spec.layer));
@@ -78,8 +79,9 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
   }
   if (spec.world_size <= 0) spec.world_size = 1;
   if (spec.rank < 0 || spec.rank >= spec.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", spec.rank, " is not in [0, world_size = ", spec.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", spec.rank,
+                     " is not in [0, world_size = ", spec.world_size, ")"));
   }
   std::unique_ptr<OrderedStream> s(new OrderedStream());
   ASSIGN_OR_RETURN(s->sel_, Selection::Create(reader->desc(), spec));
@@ -93,16 +95,18 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
   s->next_ = s->lo_;
   // A resume token only continues the request it came from.
   Sha256 h;
-  h.Update(absl::StrCat("ordered|", s->dataset_id_, "|",
-                        spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all", "|",
-                        static_cast<int>(spec.tokens), "|", spec.batch_size, "|",
-                        spec.rank, "/", spec.world_size, "|", spec.drop_last));
+  h.Update(
+      absl::StrCat("ordered|", s->dataset_id_, "|",
+                   spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all",
+                   "|", static_cast<int>(spec.tokens), "|", spec.batch_size,
+                   "|", spec.rank, "/", spec.world_size, "|", spec.drop_last));
   const std::string digest = h.HexDigest();
   s->fingerprint_ = std::stoull(digest.substr(0, 16), nullptr, 16);
   if (!resume_token.empty()) {
     if (resume_token.size() != kTokenBytes ||
         std::memcmp(resume_token.data(), kTokenMagic, 4) != 0) {
-      return absl::InvalidArgumentError("resume_token is not a shardcast ordered-stream token");
+      return absl::InvalidArgumentError(
+          "resume_token is not a shardcast ordered-stream token");
     }
     if (Get<uint64_t>(resume_token, 4) != s->fingerprint_) {
       return absl::InvalidArgumentError(
@@ -113,7 +117,8 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
     s->next_ = Get<int64_t>(resume_token, 20);
     s->batch_index_ = Get<int64_t>(resume_token, 28);
     if (s->next_ < s->lo_ || s->next_ > s->hi_ || s->epoch_ < 0) {
-      return absl::InvalidArgumentError("resume_token points outside this stream");
+      return absl::InvalidArgumentError(
+          "resume_token points outside this stream");
     }
   }
   return s;
@@ -135,7 +140,8 @@ absl::StatusOr<bool> OrderedStream::Next(StreamBatch* out) {
     if (spec_.epochs != 0 && epoch_ >= spec_.epochs) return false;
     const int64_t left = hi_ - next_;
     if (left > 0 && !(spec_.drop_last && left < spec_.batch_size)) break;
-    if (hi_ == lo_ && spec_.epochs == 0) return false;  // nothing to stream, ever
+    if (hi_ == lo_ && spec_.epochs == 0)
+      return false;  // nothing to stream, ever
     ++epoch_;
     next_ = lo_;
     batch_index_ = 0;
@@ -155,7 +161,8 @@ absl::StatusOr<bool> OrderedStream::Next(StreamBatch* out) {
   out->example_idx.assign(static_cast<size_t>(rows) * 8, '\0');
   out->token_idx.assign(static_cast<size_t>(rows) * 4, '\0');
   out->layer.assign(all_layers ? static_cast<size_t>(rows) * 8 : 0, '\0');
-  out->labels.assign(reader_->info().has_labels ? static_cast<size_t>(rows) : 0, '\0');
+  out->labels.assign(reader_->info().has_labels ? static_cast<size_t>(rows) : 0,
+                     '\0');
 
   std::vector<ReadOp> ops;
   std::string label_row(static_cast<size_t>(d.content_tokens), '\0');
@@ -171,20 +178,23 @@ absl::StatusOr<bool> OrderedStream::Next(StreamBatch* out) {
     op.fd = reader_->shard_fd(loc.shard);
     op.path = &reader_->shard_path(loc.shard);
     op.offset = loc.offset + (static_cast<uint64_t>(li) * d.tokens_per_example +
-                              static_cast<uint64_t>(sel_.token_begin + j0)) * vb;
+                              static_cast<uint64_t>(sel_.token_begin + j0)) *
+                                 vb;
     op.length = static_cast<size_t>(j1 - j0) * vb;
     op.dest = out->vectors.data() + static_cast<size_t>(g - g0) * vb;
     ops.push_back(op);
     if (!out->labels.empty() && label_example != example) {
-      RETURN_IF_ERROR(reader_->ReadLabels(example, reinterpret_cast<uint8_t*>(label_row.data())));
+      RETURN_IF_ERROR(reader_->ReadLabels(
+          example, reinterpret_cast<uint8_t*>(label_row.data())));
       label_example = example;
     }
     for (int64_t j = j0; j < j1; ++j, ++g) {
       const size_t i = static_cast<size_t>(g - g0);
-      const int64_t token = sel_.token_begin + j;             // token axis index
-      const int32_t content = static_cast<int32_t>(token - (d.cls_token ? 1 : 0));
+      const int64_t token = sel_.token_begin + j;  // token axis index
+      const int32_t content =
+          static_cast<int32_t>(token - (d.cls_token ? 1 : 0));
       std::memcpy(&out->example_idx[i * 8], &example, 8);
-      std::memcpy(&out->token_idx[i * 4], &content, 4);      // -1 for CLS
+      std::memcpy(&out->token_idx[i * 4], &content, 4);  // -1 for CLS
       if (all_layers) {
         const int64_t value = d.layers[static_cast<size_t>(li)];
         std::memcpy(&out->layer[i * 8], &value, 8);

@@ -23,7 +23,7 @@ struct StreamSpec {
   std::optional<int64_t> layer;  // recorded layer value; empty = all layers
   TokenSelection tokens = TokenSelection::kContent;
   int64_t batch_size = 1024;
-  int64_t epochs = 1;     // 0 = endless
+  int64_t epochs = 1;  // 0 = endless
   int64_t rank = 0;
   int64_t world_size = 1;
   bool drop_last = false;
@@ -35,13 +35,14 @@ struct StreamSpec {
 struct Selection {
   int64_t num_rows = 0;
   int64_t vectors_per_row = 0;
-  int64_t token_begin = 0;  // token axis index of the first selected token
-  int64_t layer_index = -1; // -1: all layers (rows = examples * L)
+  int64_t token_begin = 0;   // token axis index of the first selected token
+  int64_t layer_index = -1;  // -1: all layers (rows = examples * L)
   int64_t num_vectors() const { return num_rows * vectors_per_row; }
 
   /// INVALID_ARGUMENT for a layer that is not recorded or CLS-only on a
   /// dataset without CLS.
-  static absl::StatusOr<Selection> Create(const DatasetDesc& d, const StreamSpec& spec);
+  static absl::StatusOr<Selection> Create(const DatasetDesc& d,
+                                          const StreamSpec& spec);
 };
 
 /// One batch, ready for the wire.
@@ -84,7 +85,7 @@ class OrderedStream {
   uint64_t fingerprint_ = 0;
   int64_t lo_ = 0, hi_ = 0;  // this rank's vector ids [lo, hi)
   int64_t epoch_ = 0;
-  int64_t next_ = 0;         // next vector id in the current epoch
+  int64_t next_ = 0;  // next vector id in the current epoch
   int64_t batch_index_ = 0;
 };
 

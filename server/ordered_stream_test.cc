@@ -26,7 +26,8 @@ struct Row {
   int32_t token;  // content index, -1 = CLS
   int64_t layer;  // layer value
   bool operator<(const Row& o) const {
-    return std::tie(example, layer, token) < std::tie(o.example, o.layer, o.token);
+    return std::tie(example, layer, token) <
+           std::tie(o.example, o.layer, o.token);
   }
   bool operator==(const Row& o) const {
     return example == o.example && token == o.token && layer == o.layer;
@@ -36,7 +37,8 @@ struct Row {
 class OrderedStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = JoinPath(::testing::TempDir(), "ordered_stream_test_XXXXXX");
+    std::string tmpl =
+        JoinPath(::testing::TempDir(), "ordered_stream_test_XXXXXX");
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
     WriterOptions o;
@@ -66,7 +68,8 @@ class OrderedStreamTest : public ::testing::Test {
   }
   void TearDown() override { RemoveTree(root_).IgnoreError(); }
 
-  std::unique_ptr<OrderedStream> Open(const StreamSpec& spec, const std::string& token = "") {
+  std::unique_ptr<OrderedStream> Open(const StreamSpec& spec,
+                                      const std::string& token = "") {
     auto s = OrderedStream::Create(reader_, id_, spec, token);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
@@ -94,13 +97,16 @@ class OrderedStreamTest : public ::testing::Test {
         if (!b.layer.empty()) std::memcpy(&r.layer, b.layer.data() + i * 8, 8);
         const int64_t li = r.layer == -2 ? 0 : 1;
         const int64_t raw = r.token + 1;  // CLS is token-axis index 0
-        const float* vec = reinterpret_cast<const float*>(b.vectors.data()) + i * kD;
+        const float* vec =
+            reinterpret_cast<const float*>(b.vectors.data()) + i * kD;
         for (int64_t k = 0; k < kD; ++k) {
-          const uint64_t index = static_cast<uint64_t>(((r.example * kL + li) * kT + raw) * kD + k);
-          EXPECT_EQ(vec[k], SynthValue(kSeed, index)) << "example " << r.example
-                                                      << " token " << r.token;
+          const uint64_t index = static_cast<uint64_t>(
+              ((r.example * kL + li) * kT + raw) * kD + k);
+          EXPECT_EQ(vec[k], SynthValue(kSeed, index))
+              << "example " << r.example << " token " << r.token;
         }
-        const uint8_t want = r.token < 0 ? 255 : SynthLabel(kSeed, r.example * kP + r.token);
+        const uint8_t want =
+            r.token < 0 ? 255 : SynthLabel(kSeed, r.example * kP + r.token);
         EXPECT_EQ(static_cast<uint8_t>(b.labels[i]), want);
         rows.push_back(r);
       }
@@ -109,7 +115,8 @@ class OrderedStreamTest : public ::testing::Test {
   }
 
   // The selection in disk order, computed from the protocol independently.
-  static std::vector<Row> Expected(std::optional<int64_t> layer, TokenSelection tokens) {
+  static std::vector<Row> Expected(std::optional<int64_t> layer,
+                                   TokenSelection tokens) {
     std::vector<Row> out;
     for (int64_t e = 0; e < kN; ++e) {
       for (int64_t layer_value : {int64_t{-2}, int64_t{6}}) {
@@ -129,17 +136,20 @@ class OrderedStreamTest : public ::testing::Test {
 };
 
 TEST_F(OrderedStreamTest, EverySelectionIsDeliveredOnceInDiskOrder) {
-  for (std::optional<int64_t> layer : {std::optional<int64_t>(6), std::optional<int64_t>(-2),
-                                       std::optional<int64_t>()}) {
+  for (std::optional<int64_t> layer :
+       {std::optional<int64_t>(6), std::optional<int64_t>(-2),
+        std::optional<int64_t>()}) {
     for (TokenSelection tokens :
-         {TokenSelection::kContent, TokenSelection::kSpecial, TokenSelection::kAll}) {
+         {TokenSelection::kContent, TokenSelection::kSpecial,
+          TokenSelection::kAll}) {
       StreamSpec spec;
       spec.layer = layer;
       spec.tokens = tokens;
       spec.batch_size = 7;
       auto s = Open(spec);
       ASSERT_NE(s, nullptr);
-      std::vector<Row> got = Drain(s.get(), -1, nullptr, nullptr, layer.value_or(0));
+      std::vector<Row> got =
+          Drain(s.get(), -1, nullptr, nullptr, layer.value_or(0));
       std::vector<Row> want = Expected(layer, tokens);
       EXPECT_EQ(got, want) << "layer " << (layer ? *layer : 999) << " tokens "
                            << static_cast<int>(tokens);
@@ -196,8 +206,9 @@ TEST_F(OrderedStreamTest, ResumeTokenOfAnotherRequestIsRejected) {
   other.batch_size = 10;
   auto r = OrderedStream::Create(reader_, id_, other, token);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(OrderedStream::Create(reader_, id_, spec, "garbage").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      OrderedStream::Create(reader_, id_, spec, "garbage").status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(OrderedStreamTest, DropLastDropsOnlyTheShortBatchOfEachEpoch) {
@@ -246,11 +257,14 @@ TEST_F(OrderedStreamTest, ShardTruncatedMidStreamIsDataLoss) {
   absl::Status st;
   while (st.ok()) {
     auto more = s->Next(&b);
-    if (!more.ok()) st = more.status();
-    else if (!*more) break;
+    if (!more.ok())
+      st = more.status();
+    else if (!*more)
+      break;
   }
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  EXPECT_NE(std::string(st.message()).find("acts000003.bin"), std::string::npos);
+  EXPECT_NE(std::string(st.message()).find("acts000003.bin"),
+            std::string::npos);
 }
 
 }  // namespace

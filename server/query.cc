@@ -52,7 +52,8 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
   std::vector<ReadOp> ops(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const Coord& c = coords[static_cast<size_t>(i)];
-    const VectorLocation loc = *Locate(d, c.example, c.layer, c.token);  // validated
+    const VectorLocation loc =
+        *Locate(d, c.example, c.layer, c.token);  // validated
     ReadOp& op = ops[static_cast<size_t>(i)];
     op.fd = reader->shard_fd(loc.shard);
     op.offset = loc.offset;
@@ -66,7 +67,8 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
 }
 
 absl::StatusOr<VectorsResult> QueryEngine::GetExample(
-    absl::string_view dataset, int64_t example, std::optional<int64_t> layer) const {
+    absl::string_view dataset, int64_t example,
+    std::optional<int64_t> layer) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   const DatasetDesc& d = reader->desc();
@@ -75,13 +77,14 @@ absl::StatusOr<VectorsResult> QueryEngine::GetExample(
     RETURN_IF_ERROR(CheckBytes(d.layer_slice_bytes()));
     r.shape = {d.tokens_per_example, d.d_model};
     r.data = Payload(d.layer_slice_bytes());
-    RETURN_IF_ERROR(reader->ReadLayerSlice(example, *layer,
-                                           reinterpret_cast<float*>(r.data.data())));
+    RETURN_IF_ERROR(reader->ReadLayerSlice(
+        example, *layer, reinterpret_cast<float*>(r.data.data())));
   } else {
     RETURN_IF_ERROR(CheckBytes(d.example_bytes()));
     r.shape = {d.num_layers(), d.tokens_per_example, d.d_model};
     r.data = Payload(d.example_bytes());
-    RETURN_IF_ERROR(reader->ReadExample(example, reinterpret_cast<float*>(r.data.data())));
+    RETURN_IF_ERROR(
+        reader->ReadExample(example, reinterpret_cast<float*>(r.data.data())));
   }
   metrics_->bytes_read_from_disk += r.data.size();
   return r;
@@ -92,7 +95,8 @@ absl::StatusOr<std::string> QueryEngine::GetLabels(absl::string_view dataset,
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   std::string labels(static_cast<size_t>(reader->desc().content_tokens), '\0');
-  RETURN_IF_ERROR(reader->ReadLabels(example, reinterpret_cast<uint8_t*>(labels.data())));
+  RETURN_IF_ERROR(
+      reader->ReadLabels(example, reinterpret_cast<uint8_t*>(labels.data())));
   metrics_->bytes_read_from_disk += labels.size();
   return labels;
 }

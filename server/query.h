@@ -22,7 +22,8 @@ class Payload {
  public:
   Payload() = default;
   explicit Payload(size_t size)
-      : data_(static_cast<char*>(std::malloc(size > 0 ? size : 1))), size_(size) {}
+      : data_(static_cast<char*>(std::malloc(size > 0 ? size : 1))),
+        size_(size) {}
   char* data() const { return data_.get(); }
   size_t size() const { return size_; }
   /// Gives up ownership; the caller must free() the pointer.
@@ -62,16 +63,18 @@ class QueryEngine {
   /// [N, D] vectors in request order. Errors: NOT_FOUND / INVALID_ARGUMENT
   /// (dataset), RESOURCE_EXHAUSTED (over the limits), OUT_OF_RANGE /
   /// INVALID_ARGUMENT naming the first bad coordinate, DATA_LOSS (file).
-  absl::StatusOr<VectorsResult> GetVectors(absl::string_view dataset,
-                                           const std::vector<Coord>& coords) const;
+  absl::StatusOr<VectorsResult> GetVectors(
+      absl::string_view dataset, const std::vector<Coord>& coords) const;
   /// [T, D] for one layer or [L, T, D] for all layers of one example.
-  absl::StatusOr<VectorsResult> GetExample(absl::string_view dataset, int64_t example,
+  absl::StatusOr<VectorsResult> GetExample(absl::string_view dataset,
+                                           int64_t example,
                                            std::optional<int64_t> layer) const;
   const Catalog* catalog() const { return catalog_; }
   Metrics* metrics() const { return metrics_; }
 
   /// content_tokens uint8 labels; NOT_FOUND without labels.bin.
-  absl::StatusOr<std::string> GetLabels(absl::string_view dataset, int64_t example) const;
+  absl::StatusOr<std::string> GetLabels(absl::string_view dataset,
+                                        int64_t example) const;
 
  private:
   absl::Status CheckBytes(uint64_t bytes) const;

@@ -38,7 +38,8 @@ std::unique_ptr<UringReader> UringReader::Create(unsigned queue_depth) {
     return std::unique_ptr<UringReader>(new UringReader(nullptr, queue_depth));
   }
   ring->initialized = true;
-  return std::unique_ptr<UringReader>(new UringReader(std::move(ring), queue_depth));
+  return std::unique_ptr<UringReader>(
+      new UringReader(std::move(ring), queue_depth));
 }
 
 absl::Status UringReader::ReadAllPread(absl::Span<const ReadOp> ops) {
@@ -54,7 +55,7 @@ absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
   struct io_uring* ring = &ring_->ring;
   // Progress per op: bytes done so far (short reads are resubmitted).
   std::vector<size_t> done(ops.size(), 0);
-  size_t next = 0;       // next op never submitted
+  size_t next = 0;  // next op never submitted
   size_t in_flight = 0;
   std::vector<size_t> retry;  // ops to resubmit after a short read
   absl::Status first_error;
@@ -102,8 +103,9 @@ absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
         if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
           retry.push_back(i);
         } else if (first_error.ok()) {
-          first_error = ErrnoToStatus(-cqe->res, absl::StrCat("read ", path, " at offset ",
-                                                              op.offset + done[i]));
+          first_error = ErrnoToStatus(
+              -cqe->res,
+              absl::StrCat("read ", path, " at offset ", op.offset + done[i]));
         }
         continue;
       }

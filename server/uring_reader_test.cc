@@ -51,7 +51,8 @@ TEST_F(UringReaderTest, ManyMoreReadsThanTheQueueDepthAllLandInPlace) {
   }
   ASSERT_TRUE(reader->ReadAll(ops).ok());
   for (size_t i = 0; i < out.size(); ++i) {
-    ASSERT_EQ(0, std::memcmp(out[i].data(), bytes_.data() + offsets[i], out[i].size()))
+    ASSERT_EQ(0, std::memcmp(out[i].data(), bytes_.data() + offsets[i],
+                             out[i].size()))
         << "op " << i;
   }
 }

@@ -38,22 +38,29 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::vector<OptionSpec> kSpecs = {
-    {"address", "ADDR", "daemon address: unix:/path.sock or host:port (required)"},
-    {"dataset", "ID", "dataset id or unique prefix (default: the only dataset served)"},
+    {"address", "ADDR",
+     "daemon address: unix:/path.sock or host:port (required)"},
+    {"dataset", "ID",
+     "dataset id or unique prefix (default: the only dataset served)"},
     {"mode", "M", "single, batch or both (default both)"},
-    {"label", "L", "what the caller made of the page cache: cold or warm (default warm)"},
+    {"label", "L",
+     "what the caller made of the page cache: cold or warm (default warm)"},
     {"calls", "N", "single-vector calls (default 20000)"},
     {"batch", "B", "coordinates per batched call (default 256)"},
     {"batch-calls", "N", "batched calls (default 200)"},
-    {"seconds", "S", "stop a phase after S seconds even if calls remain (default 10)"},
+    {"seconds", "S",
+     "stop a phase after S seconds even if calls remain (default 10)"},
     {"threads", "C", "client threads issuing calls concurrently (default 1)"},
     {"warmup-calls", "N", "untimed single calls before timing (default 16)"},
     {"seed", "S", "seed of the random coordinates (default 1)"},
     {"malloc-keep", nullptr,
-     "mallopt: keep freed memory in the heap (M_MMAP_THRESHOLD 64 MiB, M_TRIM_THRESHOLD "
-     "1 GiB) so the client library's per-call reply buffers are not faulted in afresh"},
+     "mallopt: keep freed memory in the heap (M_MMAP_THRESHOLD 64 MiB, "
+     "M_TRIM_THRESHOLD "
+     "1 GiB) so the client library's per-call reply buffers are not faulted in "
+     "afresh"},
     {"verify-synth-seed", "S",
-     "check the replies' values against `shardcast synth --seed S` (default: no check)"},
+     "check the replies' values against `shardcast synth --seed S` (default: "
+     "no check)"},
 };
 
 struct Geometry {
@@ -63,7 +70,8 @@ struct Geometry {
   int64_t d_model = 0;
   int64_t n_examples = 0;
   uint64_t total_vectors() const {
-    return static_cast<uint64_t>(n_examples) * layers.size() * static_cast<uint64_t>(tokens);
+    return static_cast<uint64_t>(n_examples) * layers.size() *
+           static_cast<uint64_t>(tokens);
   }
   uint64_t vector_bytes() const { return static_cast<uint64_t>(d_model) * 4; }
 };
@@ -108,8 +116,9 @@ std::vector<Pick> DrawPicks(const Geometry& g, uint64_t count, uint64_t seed,
 }
 
 // Bitwise comparison with the synth formula; returns the number of bad vectors.
-int64_t Verify(const Geometry& g, uint64_t synth_seed, const std::vector<Pick>& picks,
-               size_t first, const VectorBlock& block) {
+int64_t Verify(const Geometry& g, uint64_t synth_seed,
+               const std::vector<Pick>& picks, size_t first,
+               const VectorBlock& block) {
   int64_t bad = 0;
   const size_t d = static_cast<size_t>(g.d_model);
   for (size_t i = 0; i * d < block.values.size(); ++i) {
@@ -149,9 +158,9 @@ double Percentile(std::vector<double> v, double q) {
 // Runs `calls` calls of `per_call` coordinates from picks[offset...], split
 // over `threads` threads, each issuing its calls one after another.
 PhaseResult RunPhase(const std::string& name, Client* client, const Geometry& g,
-                     const std::vector<Pick>& picks, size_t offset, int64_t calls,
-                     int64_t per_call, int threads, double max_seconds,
-                     int64_t synth_seed) {
+                     const std::vector<Pick>& picks, size_t offset,
+                     int64_t calls, int64_t per_call, int threads,
+                     double max_seconds, int64_t synth_seed) {
   PhaseResult r;
   r.name = name;
   r.per_call = per_call;
@@ -165,8 +174,8 @@ PhaseResult RunPhase(const std::string& name, Client* client, const Geometry& g,
   };
   std::vector<PerThread> pt(static_cast<size_t>(threads));
   const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(max_seconds));
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(max_seconds));
   auto worker = [&](int ti) {
     PerThread& me = pt[static_cast<size_t>(ti)];
     me.lat.reserve(static_cast<size_t>(calls / threads + 1));
@@ -177,7 +186,8 @@ PhaseResult RunPhase(const std::string& name, Client* client, const Geometry& g,
       if (Clock::now() >= deadline) break;
       const size_t first = offset + static_cast<size_t>(c * per_call);
       for (int64_t k = 0; k < per_call; ++k) {
-        coords[static_cast<size_t>(k)] = picks[first + static_cast<size_t>(k)].coord;
+        coords[static_cast<size_t>(k)] =
+            picks[first + static_cast<size_t>(k)].coord;
       }
       const auto t0 = Clock::now();
       absl::StatusOr<VectorBlock> block = client->GetVectors(g.id, coords);
@@ -187,7 +197,8 @@ PhaseResult RunPhase(const std::string& name, Client* client, const Geometry& g,
         if (me.errors++ == 0) me.first_error = block.status().ToString();
         continue;
       }
-      me.lat.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      me.lat.push_back(
+          std::chrono::duration<double, std::micro>(t1 - t0).count());
       // Keep one reply per thread to verify after timing (a swap, no copy).
       if (synth_seed >= 0) {
         std::swap(last, *block);
@@ -195,8 +206,10 @@ PhaseResult RunPhase(const std::string& name, Client* client, const Geometry& g,
       }
     }
     if (synth_seed >= 0 && !last.values.empty()) {
-      me.verified += static_cast<int64_t>(last.values.size() / static_cast<size_t>(g.d_model));
-      me.bad += Verify(g, static_cast<uint64_t>(synth_seed), picks, last_first, last);
+      me.verified += static_cast<int64_t>(last.values.size() /
+                                          static_cast<size_t>(g.d_model));
+      me.bad +=
+          Verify(g, static_cast<uint64_t>(synth_seed), picks, last_first, last);
     }
   };
   std::vector<std::thread> pool;
@@ -243,7 +256,8 @@ nlohmann::json Summarise(const PhaseResult& r, const Geometry& g) {
   return j;
 }
 
-absl::StatusOr<Geometry> ResolveDataset(Client* client, const std::string& wanted) {
+absl::StatusOr<Geometry> ResolveDataset(Client* client,
+                                        const std::string& wanted) {
   v1::DatasetInfo info;
   if (!wanted.empty()) {
     absl::StatusOr<v1::DatasetInfo> d = client->DescribeDataset(wanted);
@@ -257,8 +271,9 @@ absl::StatusOr<Geometry> ResolveDataset(Client* client, const std::string& wante
       if (d.ok()) ok.push_back(d);
     }
     if (ok.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the daemon serves ", ok.size(), " usable datasets; name one with --dataset"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the daemon serves ", ok.size(),
+                       " usable datasets; name one with --dataset"));
     }
     info = ok[0];
   }
@@ -273,7 +288,8 @@ absl::StatusOr<Geometry> ResolveDataset(Client* client, const std::string& wante
   g.d_model = info.d_model();
   g.n_examples = info.n_examples();
   if (g.layers.empty() || g.tokens < 1 || g.d_model < 1 || g.n_examples < 1) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset ", g.id, " is empty"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", g.id, " is empty"));
   }
   return g;
 }
@@ -281,7 +297,8 @@ absl::StatusOr<Geometry> ResolveDataset(Client* client, const std::string& wante
 int Usage(const std::string& error) {
   if (!error.empty()) std::cerr << "query_bench: " << error << "\n";
   std::cerr << "Usage: query_bench --address ADDR [options]\n\n"
-               "Times random-access GetVectors calls against a running shardcastd.\n\n"
+               "Times random-access GetVectors calls against a running "
+               "shardcastd.\n\n"
             << FormatOptions(kSpecs);
   return error.empty() ? 0 : 2;
 }
@@ -300,13 +317,15 @@ int Main(int argc, char** argv) {
     return Usage("--mode must be single, batch or both");
   }
   int64_t ints[8];
-  const char* names[8] = {"calls",   "batch", "batch-calls", "threads",
-                          "seconds", "seed",  "warmup-calls", "verify-synth-seed"};
+  const char* names[8] = {
+      "calls",   "batch", "batch-calls",  "threads",
+      "seconds", "seed",  "warmup-calls", "verify-synth-seed"};
   const int64_t defaults[8] = {20000, 256, 200, 1, 10, 1, 16, -1};
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<int64_t> v = args->GetInt(names[i], defaults[i]);
     if (!v.ok()) return Usage(std::string(v.status().message()));
-    if (*v < 0 && i != 7) return Usage(absl::StrCat("--", names[i], " must be >= 0"));
+    if (*v < 0 && i != 7)
+      return Usage(absl::StrCat("--", names[i], " must be >= 0"));
     ints[i] = *v;
   }
   const int64_t calls = ints[0], batch = ints[1], batch_calls = ints[2];
@@ -329,7 +348,8 @@ int Main(int argc, char** argv) {
     std::cerr << "query_bench: " << client.status() << "\n";
     return 1;
   }
-  absl::StatusOr<Geometry> geo = ResolveDataset(client->get(), args->Get("dataset"));
+  absl::StatusOr<Geometry> geo =
+      ResolveDataset(client->get(), args->Get("dataset"));
   if (!geo.ok()) {
     std::cerr << "query_bench: " << geo.status() << "\n";
     return 1;
@@ -340,14 +360,15 @@ int Main(int argc, char** argv) {
   const bool do_batch = mode != "single";
   // Layout of the pick list: [warm-up | single calls | batched calls].
   const uint64_t n_single = do_single ? static_cast<uint64_t>(calls) : 0;
-  const uint64_t n_batch = do_batch ? static_cast<uint64_t>(batch * batch_calls) : 0;
+  const uint64_t n_batch =
+      do_batch ? static_cast<uint64_t>(batch * batch_calls) : 0;
   const uint64_t n_total = static_cast<uint64_t>(warmup) + n_single + n_batch;
   bool distinct = false;
   const std::vector<Pick> picks = DrawPicks(g, n_total, seed, &distinct);
 
   // Untimed warm-up: connection, daemon threads and their rings.
-  PhaseResult wu = RunPhase("warmup", client->get(), g, picks, 0, warmup, 1, 1, 60,
-                            synth_seed);
+  PhaseResult wu = RunPhase("warmup", client->get(), g, picks, 0, warmup, 1, 1,
+                            60, synth_seed);
   if (wu.errors > 0) {
     std::cerr << "query_bench: warm-up call failed: " << wu.first_error << "\n";
     return 1;
@@ -365,44 +386,50 @@ int Main(int argc, char** argv) {
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;
-  const std::string tag = out["label"].get<std::string>() + (malloc_keep ? ",malloc-keep" : "");
+  const std::string tag =
+      out["label"].get<std::string>() + (malloc_keep ? ",malloc-keep" : "");
   int64_t failures = wu.bad;
   size_t offset = static_cast<size_t>(warmup);
   if (do_single) {
-    PhaseResult r = RunPhase("single", client->get(), g, picks, offset, calls, 1, threads,
-                             seconds, synth_seed);
+    PhaseResult r = RunPhase("single", client->get(), g, picks, offset, calls,
+                             1, threads, seconds, synth_seed);
     offset += n_single;
     out["single"] = Summarise(r, g);
     failures += r.errors + r.bad;
     const auto& j = out["single"];
     std::fprintf(stderr,
-                 "[%s] single: %lld calls in %.2f s: %.0f calls/s, p50 %.1f us, p99 %.1f us "
+                 "[%s] single: %lld calls in %.2f s: %.0f calls/s, p50 %.1f "
+                 "us, p99 %.1f us "
                  "(%.0f 4k-IOPS equiv)\n",
-                 tag.c_str(), static_cast<long long>(r.calls),
-                 r.seconds, j["calls_per_s"].get<double>(), j["p50_us"].get<double>(),
+                 tag.c_str(), static_cast<long long>(r.calls), r.seconds,
+                 j["calls_per_s"].get<double>(), j["p50_us"].get<double>(),
                  j["p99_us"].get<double>(), j["iops_4k_equiv"].get<double>());
-    if (!r.first_error.empty()) std::cerr << "  first error: " << r.first_error << "\n";
+    if (!r.first_error.empty())
+      std::cerr << "  first error: " << r.first_error << "\n";
   }
   if (do_batch) {
-    PhaseResult r = RunPhase("batch", client->get(), g, picks, offset, batch_calls, batch,
-                             threads, seconds, synth_seed);
+    PhaseResult r = RunPhase("batch", client->get(), g, picks, offset,
+                             batch_calls, batch, threads, seconds, synth_seed);
     out["batch"] = Summarise(r, g);
     failures += r.errors + r.bad;
     const auto& j = out["batch"];
-    std::fprintf(stderr,
-                 "[%s] batch x%lld: %lld calls in %.2f s: %.0f vectors/s, %.1f calls/s, "
-                 "%.1f MB/s, p50 %.0f us, p99 %.0f us (%.0f 4k-IOPS equiv)\n",
-                 tag.c_str(), static_cast<long long>(batch),
-                 static_cast<long long>(r.calls), r.seconds, j["vectors_per_s"].get<double>(),
-                 j["calls_per_s"].get<double>(), j["mb_per_s"].get<double>(),
-                 j["p50_us"].get<double>(), j["p99_us"].get<double>(),
-                 j["iops_4k_equiv"].get<double>());
-    if (!r.first_error.empty()) std::cerr << "  first error: " << r.first_error << "\n";
+    std::fprintf(
+        stderr,
+        "[%s] batch x%lld: %lld calls in %.2f s: %.0f vectors/s, %.1f calls/s, "
+        "%.1f MB/s, p50 %.0f us, p99 %.0f us (%.0f 4k-IOPS equiv)\n",
+        tag.c_str(), static_cast<long long>(batch),
+        static_cast<long long>(r.calls), r.seconds,
+        j["vectors_per_s"].get<double>(), j["calls_per_s"].get<double>(),
+        j["mb_per_s"].get<double>(), j["p50_us"].get<double>(),
+        j["p99_us"].get<double>(), j["iops_4k_equiv"].get<double>());
+    if (!r.first_error.empty())
+      std::cerr << "  first error: " << r.first_error << "\n";
   }
   out["ok"] = failures == 0;
   std::cout << out.dump() << std::endl;
   if (failures != 0) {
-    std::cerr << "query_bench: " << failures << " failed calls or wrong vectors\n";
+    std::cerr << "query_bench: " << failures
+              << " failed calls or wrong vectors\n";
     return 1;
   }
   return 0;

@@ -10,14 +10,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,8 +55,8 @@ std::string WriteDataset(const std::string& root, std::vector<int64_t> layers,
   o.data = absl::StrCat("seed=", seed);
   auto w = DatasetWriter::Create(o);
   EXPECT_TRUE(w.ok()) << w.status();
-  const int64_t per_example = static_cast<int64_t>(o.layers.size()) *
-                              (content + (cls ? 1 : 0)) * d;
+  const int64_t per_example =
+      static_cast<int64_t>(o.layers.size()) * (content + (cls ? 1 : 0)) * d;
   std::vector<float> values(static_cast<size_t>(n * per_example));
   for (size_t i = 0; i < values.size(); ++i) values[i] = SynthValue(seed, i);
   EXPECT_TRUE((*w)->Append(values.data(), values.size() * 4).ok());
@@ -131,9 +131,11 @@ class DaemonTest : public ::testing::Test {
     dir_ = MakeTempDir();
     root_ = JoinPath(dir_, "root");
     ASSERT_EQ(::mkdir(root_.c_str(), 0755), 0);
-    // 40 examples, T = 17, L = 2, budget 700 -> 20 examples per shard, 2 shards.
+    // 40 examples, T = 17, L = 2, budget 700 -> 20 examples per shard, 2
+    // shards.
     main_id_ = WriteDataset(root_, {-2, 6}, 16, true, 32, 40, 700, true, kSeed);
-    nolabels_id_ = WriteDataset(root_, {3}, 8, false, 16, 10, 100, false, kSeed + 1);
+    nolabels_id_ =
+        WriteDataset(root_, {3}, 8, false, 16, 10, 100, false, kSeed + 1);
     const std::string bad = JoinPath(root_, "badbadbad");
     ASSERT_EQ(::mkdir(bad.c_str(), 0755), 0);
     std::ofstream(JoinPath(bad, "metadata.json")) << "{not json";
@@ -145,13 +147,15 @@ class DaemonTest : public ::testing::Test {
     RemoveTree(dir_).IgnoreError();
   }
 
-  std::unique_ptr<DaemonProcess> StartDaemon(std::vector<std::string> extra = {},
-                                             const std::string& socket = "") {
+  std::unique_ptr<DaemonProcess> StartDaemon(
+      std::vector<std::string> extra = {}, const std::string& socket = "") {
     const std::string sock = socket.empty() ? socket_ : socket;
-    std::vector<std::string> args = {"--root", root_, "--listen", "unix:" + sock,
-                                     "--log-level", "debug", "--grace-seconds", "5"};
+    std::vector<std::string> args = {
+        "--root",      root_,   "--listen",        "unix:" + sock,
+        "--log-level", "debug", "--grace-seconds", "5"};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto p = std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
+    auto p =
+        std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
     for (int i = 0; i < 500; ++i) {
       struct stat st;
       if (::stat(sock.c_str(), &st) == 0) break;
@@ -162,14 +166,16 @@ class DaemonTest : public ::testing::Test {
 
   std::unique_ptr<Client> Connect() {
     auto c = Client::Connect("unix:" + socket_);
-    EXPECT_TRUE(c.ok()) << c.status() << "\n" << ReadAll(JoinPath(dir_, "daemon.log"));
+    EXPECT_TRUE(c.ok()) << c.status() << "\n"
+                        << ReadAll(JoinPath(dir_, "daemon.log"));
     return c.ok() ? std::move(*c) : nullptr;
   }
 
   // Expected value of (e, layer index li, token t, dim k) of the main dataset.
   static float Expected(int64_t e, int64_t li, int64_t t, int64_t k) {
     constexpr int64_t L = 2, T = 17, D = 32;
-    return SynthValue(kSeed, static_cast<uint64_t>(((e * L + li) * T + t) * D + k));
+    return SynthValue(kSeed,
+                      static_cast<uint64_t>(((e * L + li) * T + t) * D + k));
   }
 
   std::string dir_, root_, socket_, main_id_, nolabels_id_;
@@ -197,7 +203,8 @@ TEST_F(DaemonTest, ListsServedAndRejectedDatasets) {
       EXPECT_TRUE(d.hash_matches_dir());
     } else if (d.id() == "badbadbad") {
       EXPECT_FALSE(d.ok());
-      EXPECT_NE(d.error().find("metadata.json"), std::string::npos) << d.error();
+      EXPECT_NE(d.error().find("metadata.json"), std::string::npos)
+          << d.error();
     }
   }
   EXPECT_EQ(ok, 1);
@@ -248,13 +255,15 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
   ASSERT_TRUE(labels.ok()) << labels.status();
   ASSERT_EQ(labels->size(), 16u);
   for (int t = 0; t < 16; ++t) {
-    EXPECT_EQ(static_cast<uint8_t>((*labels)[t]), SynthLabel(kSeed, 33 * 16 + t));
+    EXPECT_EQ(static_cast<uint8_t>((*labels)[t]),
+              SynthLabel(kSeed, 33 * 16 + t));
   }
 }
 
 TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
   // 16 vectors or 1024 bytes (8 vectors of 32 floats) per call at most.
-  daemon_ = StartDaemon({"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
+  daemon_ = StartDaemon(
+      {"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   auto code = [](const auto& r) { return r.status().code(); };
@@ -270,16 +279,23 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(client->GetVectors(main_id_, std::vector<VectorCoord>(17))),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(client->GetVectors(main_id_, std::vector<VectorCoord>(8, {0, 6, 0})).ok());
-  auto too_many_bytes = client->GetVectors(main_id_, std::vector<VectorCoord>(9, {0, 6, 0}));
-  EXPECT_EQ(too_many_bytes.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(too_many_bytes.status().message()).find("1024"), std::string::npos)
-      << too_many_bytes.status();
-  EXPECT_EQ(code(client->GetExample(main_id_, 0, 6)),  // 17 x 32 floats > 1024 bytes
+  EXPECT_TRUE(
+      client->GetVectors(main_id_, std::vector<VectorCoord>(8, {0, 6, 0}))
+          .ok());
+  auto too_many_bytes =
+      client->GetVectors(main_id_, std::vector<VectorCoord>(9, {0, 6, 0}));
+  EXPECT_EQ(too_many_bytes.status().code(),
             absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(too_many_bytes.status().message()).find("1024"),
+            std::string::npos)
+      << too_many_bytes.status();
+  EXPECT_EQ(
+      code(client->GetExample(main_id_, 0, 6)),  // 17 x 32 floats > 1024 bytes
+      absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(code(client->GetVectors("badbadbad", {{0, 6, 0}})),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(code(client->GetLabels(nolabels_id_, 0)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code(client->GetLabels(nolabels_id_, 0)),
+            absl::StatusCode::kNotFound);
   auto bad_layer = client->GetVectors(main_id_, {{1, 6, 1}, {0, 99, 0}});
   EXPECT_NE(std::string(bad_layer.status().message()).find("coordinates[1]"),
             std::string::npos)
@@ -293,11 +309,13 @@ TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  const std::string shard = JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
+  const std::string shard =
+      JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
   ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
   auto r = client->GetVectors(main_id_, {{30, 6, 3}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"), std::string::npos);
+  EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"),
+            std::string::npos);
   // Shard 0 is intact and so is the daemon.
   auto ok = client->GetVectors(main_id_, {{3, 6, 3}});
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -338,8 +356,10 @@ TEST_F(DaemonTest, SighupRescansTheRoots) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  const std::string added = WriteDataset(root_, {1}, 4, false, 8, 3, 100, false, 99);
-  EXPECT_EQ(client->DescribeDataset(added).status().code(), absl::StatusCode::kNotFound);
+  const std::string added =
+      WriteDataset(root_, {1}, 4, false, 8, 3, 100, false, 99);
+  EXPECT_EQ(client->DescribeDataset(added).status().code(),
+            absl::StatusCode::kNotFound);
   ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
   bool seen = false;
   for (int i = 0; i < 200 && !seen; ++i) {
@@ -392,7 +412,8 @@ TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
   const int status = refused.WaitExit(std::chrono::seconds(10));
   ASSERT_NE(status, -1);
   EXPECT_EQ(WEXITSTATUS(status), 1);
-  EXPECT_NE(ReadAll(JoinPath(dir_, "tcp.log")).find("--tls-cert"), std::string::npos);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "tcp.log")).find("--tls-cert"),
+            std::string::npos);
   // Loopback is allowed without TLS.
   DaemonProcess loopback({"--root", root_, "--listen-tcp", "127.0.0.1:0"},
                          JoinPath(dir_, "loopback.log"));
@@ -403,7 +424,8 @@ TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_NE(log.find("listening on 127.0.0.1:"), std::string::npos) << log;
-  EXPECT_EQ(loopback.WaitExit(std::chrono::milliseconds(50)), -1) << "exited early";
+  EXPECT_EQ(loopback.WaitExit(std::chrono::milliseconds(50)), -1)
+      << "exited early";
   ::kill(loopback.pid(), SIGTERM);
   EXPECT_NE(loopback.WaitExit(std::chrono::seconds(10)), -1);
 }
@@ -413,7 +435,8 @@ TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
 bool MakeCertificates(const std::string& dir) {
   const std::string script = absl::StrCat(
       "set -e; cd ", dir, "; ",
-      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+      "-days 1 "
       "-subj /CN=shardcast-test-ca 2>/dev/null; ",
       "for who in server client; do ",
       "openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr "
@@ -432,7 +455,8 @@ int WaitForTcpPort(const std::string& log_path) {
     const std::string log = ReadAll(log_path);
     const size_t at = log.find("listening on 127.0.0.1:");
     if (at != std::string::npos) {
-      return std::atoi(log.c_str() + at + std::strlen("listening on 127.0.0.1:"));
+      return std::atoi(log.c_str() + at +
+                       std::strlen("listening on 127.0.0.1:"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -441,9 +465,10 @@ int WaitForTcpPort(const std::string& log_path) {
 
 TEST_F(DaemonTest, TlsListenerServesClientsThatTrustItsCa) {
   ASSERT_TRUE(MakeCertificates(dir_));
-  DaemonProcess tls({"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
-                     JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key")},
-                    JoinPath(dir_, "tls.log"));
+  DaemonProcess tls(
+      {"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
+       JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key")},
+      JoinPath(dir_, "tls.log"));
   const int port = WaitForTcpPort(JoinPath(dir_, "tls.log"));
   ASSERT_GT(port, 0) << ReadAll(JoinPath(dir_, "tls.log"));
   ClientOptions options;
@@ -464,10 +489,11 @@ TEST_F(DaemonTest, TlsListenerServesClientsThatTrustItsCa) {
 
 TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
   ASSERT_TRUE(MakeCertificates(dir_));
-  DaemonProcess mtls({"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
-                      JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key"),
-                      "--tls-client-ca", JoinPath(dir_, "ca.pem")},
-                     JoinPath(dir_, "mtls.log"));
+  DaemonProcess mtls(
+      {"--root", root_, "--listen-tcp", "127.0.0.1:0", "--tls-cert",
+       JoinPath(dir_, "server.pem"), "--tls-key", JoinPath(dir_, "server.key"),
+       "--tls-client-ca", JoinPath(dir_, "ca.pem")},
+      JoinPath(dir_, "mtls.log"));
   const int port = WaitForTcpPort(JoinPath(dir_, "mtls.log"));
   ASSERT_GT(port, 0) << ReadAll(JoinPath(dir_, "mtls.log"));
   const std::string address = absl::StrCat("127.0.0.1:", port);
@@ -485,7 +511,8 @@ TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
   no_cert.connect_timeout_seconds = 2;
   auto bad = Client::Connect(address, no_cert);
   if (bad.ok()) {
-    EXPECT_FALSE((*bad)->ListDatasets().ok()) << "served a client without a certificate";
+    EXPECT_FALSE((*bad)->ListDatasets().ok())
+        << "served a client without a certificate";
   }
   ::kill(mtls.pid(), SIGTERM);
   EXPECT_NE(mtls.WaitExit(std::chrono::seconds(10)), -1);
@@ -508,7 +535,8 @@ std::vector<std::tuple<int64_t, int32_t, int64_t>> ReadStream(
       const int64_t li = layer == -2 ? 0 : 1;
       float v;
       std::memcpy(&v, b.vectors().data() + (i * 32 + 5) * 4, 4);
-      EXPECT_EQ(v, SynthValue(kSeed, static_cast<uint64_t>(((e * 2 + li) * 17 + t + 1) * 32 + 5)))
+      EXPECT_EQ(v, SynthValue(kSeed, static_cast<uint64_t>(
+                                         ((e * 2 + li) * 17 + t + 1) * 32 + 5)))
           << "example " << e << " token " << t;
       rows.emplace_back(e, t, layer);
     }
@@ -556,18 +584,22 @@ TEST_F(DaemonTest, FourRanksStreamingTogetherCoverTheSelectionOnce) {
       req.set_epochs(1);
       req.set_rank(rank);
       req.set_world_size(4);
-      parts[static_cast<size_t>(rank)] = ReadStream(client->get(), req, &status[static_cast<size_t>(rank)]);
+      parts[static_cast<size_t>(rank)] =
+          ReadStream(client->get(), req, &status[static_cast<size_t>(rank)]);
     });
   }
   for (auto& t : threads) t.join();
   std::vector<std::tuple<int64_t, int32_t, int64_t>> all;
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_TRUE(status[static_cast<size_t>(rank)].ok()) << status[static_cast<size_t>(rank)];
-    all.insert(all.end(), parts[static_cast<size_t>(rank)].begin(), parts[static_cast<size_t>(rank)].end());
+    EXPECT_TRUE(status[static_cast<size_t>(rank)].ok())
+        << status[static_cast<size_t>(rank)];
+    all.insert(all.end(), parts[static_cast<size_t>(rank)].begin(),
+               parts[static_cast<size_t>(rank)].end());
   }
   ASSERT_EQ(all.size(), 40u * 16);
   std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a vector went to two ranks";
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end())
+      << "a vector went to two ranks";
 }
 
 TEST_F(DaemonTest, ClientLeavingMidStreamFreesItsCallAndOthersContinue) {
@@ -627,30 +659,37 @@ TEST_F(DaemonTest, StreamRequestErrorsHaveTheirCodes) {
 
 TEST_F(DaemonTest, ConfigFileGivesTheSameSettingsAsFlags) {
   const std::string config = JoinPath(dir_, "shardcastd.json");
-  std::ofstream(config) << "{\"roots\": [\"" << root_ << "\"], \"listen\": \"unix:"
-                        << socket_ << "\", \"max_vectors_per_call\": 3, "
+  std::ofstream(config) << "{\"roots\": [\"" << root_
+                        << "\"], \"listen\": \"unix:" << socket_
+                        << "\", \"max_vectors_per_call\": 3, "
                         << "\"log_level\": \"warning\"}";
   daemon_ = std::make_unique<DaemonProcess>(
-      std::vector<std::string>{"--config", config}, JoinPath(dir_, "daemon.log"));
+      std::vector<std::string>{"--config", config},
+      JoinPath(dir_, "daemon.log"));
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  EXPECT_TRUE(client->GetVectors(main_id_, {{0, 6, 0}, {1, 6, 0}, {2, 6, 0}}).ok());
-  EXPECT_EQ(client->GetVectors(main_id_, std::vector<VectorCoord>(4)).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(
+      client->GetVectors(main_id_, {{0, 6, 0}, {1, 6, 0}, {2, 6, 0}}).ok());
+  EXPECT_EQ(
+      client->GetVectors(main_id_, std::vector<VectorCoord>(4)).status().code(),
+      absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(DaemonTest, BadConfigFileIsAUsageErrorNamingTheKey) {
   const std::string config = JoinPath(dir_, "bad.json");
-  std::ofstream(config) << "{\"roots\": [\"" << root_ << "\"], \"listen_tpc\": \"x\"}";
+  std::ofstream(config) << "{\"roots\": [\"" << root_
+                        << "\"], \"listen_tpc\": \"x\"}";
   DaemonProcess bad({"--config", config}, JoinPath(dir_, "bad.log"));
   const int status = bad.WaitExit(std::chrono::seconds(10));
   ASSERT_NE(status, -1);
   EXPECT_EQ(WEXITSTATUS(status), 2);
-  EXPECT_NE(ReadAll(JoinPath(dir_, "bad.log")).find("listen_tpc"), std::string::npos);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "bad.log")).find("listen_tpc"),
+            std::string::npos);
   std::ofstream(config, std::ios::trunc) << "{\"roots\": \"" << root_ << "\"}";
   DaemonProcess wrong_type({"--config", config}, JoinPath(dir_, "bad2.log"));
   ASSERT_NE(wrong_type.WaitExit(std::chrono::seconds(10)), -1);
-  EXPECT_NE(ReadAll(JoinPath(dir_, "bad2.log")).find("\"roots\""), std::string::npos);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "bad2.log")).find("\"roots\""),
+            std::string::npos);
 }
 
 }  // namespace
