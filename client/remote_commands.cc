@@ -333,15 +333,15 @@ std::vector<Command> RemoteCommands() {
        RunGet},
       {"stream",
        "--server A stream ID [options] [--check] [--json]",
-       "stream batches (ordered mode) and print throughput",
+       "stream batches (ordered or shuffled) and print throughput",
        "Opens a Stream and reads every batch, printing batches, vectors, "
        "seconds "
        "and bytes/s. --check also counts, per epoch, how many distinct "
-       "(example, layer, token) vectors arrived and how many repeated. Only "
-       "--order ordered is served today.",
+       "(example, layer, token) vectors arrived and how many repeated. "
+       "Shuffled streams are reproducible from --seed for a client alone.",
        {{"layer", "L", "layer value to stream (default: all layers)"},
         {"tokens", "SEL", "content (default), special (CLS) or all"},
-        {"order", "ORDER", "ordered (default) or shuffled (not served yet)"},
+        {"order", "ORDER", "ordered (default) or shuffled"},
         {"batch-size", "N", "vectors per batch (default 4096)"},
         {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
         {"rank", "R", "partition rank (default 0)"},

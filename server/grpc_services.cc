@@ -13,6 +13,7 @@
 #include "proto/grpc_status.h"
 #include "server/log.h"
 #include "server/ordered_stream.h"
+#include "server/shuffled_stream.h"
 
 namespace shardcast {
 namespace {
@@ -246,11 +247,6 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   void Open() {
     v1::StreamRequest req;
     absl::Status st = ParseRequest(&request_, &req);
-    if (st.ok() && req.order() != v1::ORDER_ORDERED) {
-      st = absl::UnimplementedError(
-          "shuffled streaming (the shared scan) is not implemented yet; "
-          "request order = ORDER_ORDERED");
-    }
     if (!st.ok()) {
       FinishWith(st);
       return;
@@ -272,16 +268,32 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     spec.world_size = req.world_size();
     spec.drop_last = req.drop_last();
     d_model_ = (*reader)->desc().d_model;
-    auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name,
-                                        spec, req.resume_token());
-    if (!stream.ok()) {
-      FinishWith(stream.status());
-      return;
+    const bool shuffled = req.order() != v1::ORDER_ORDERED;
+    if (shuffled) {
+      auto stream = ShuffledStream::Create(*reader, (*reader)->info().dir_name,
+                                           spec, req.seed(), ShuffleOptions(),
+                                           req.resume_token());
+      if (!stream.ok()) {
+        FinishWith(stream.status());
+        return;
+      }
+      shuffled_ = std::move(*stream);
+    } else {
+      auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name,
+                                          spec, req.resume_token());
+      if (!stream.ok()) {
+        FinishWith(stream.status());
+        return;
+      }
+      stream_ = std::move(*stream);
     }
-    stream_ = std::move(*stream);
     LogInfo("stream client connected from ", peer_, ": dataset ", req.dataset(),
-            ", ordered, batch ", spec.batch_size, ", rank ", spec.rank, "/",
-            spec.world_size, ", ", stream_->vectors_per_epoch(),
+            shuffled ? ", shuffled (seed " + std::to_string(req.seed()) + ")"
+                     : ", ordered",
+            ", batch ", spec.batch_size, ", rank ", spec.rank, "/",
+            spec.world_size, ", ",
+            shuffled ? shuffled_->vectors_per_epoch()
+                     : stream_->vectors_per_epoch(),
             " vectors per epoch");
     Produce();
   }
@@ -292,7 +304,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       return;
     }
     StreamBatch batch;
-    absl::StatusOr<bool> more = stream_->Next(&batch);
+    absl::StatusOr<bool> more =
+        shuffled_ != nullptr ? shuffled_->Next(&batch) : stream_->Next(&batch);
     if (!more.ok()) {
       FinishWith(more.status());
       return;
@@ -323,7 +336,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   const std::string peer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
-  std::unique_ptr<OrderedStream> stream_;
+  std::unique_ptr<OrderedStream> stream_;     // ORDER_ORDERED
+  std::unique_ptr<ShuffledStream> shuffled_;  // ORDER_SHUFFLED
   int64_t d_model_ = 0;
   std::atomic<bool> cancelled_{false};
   int64_t batches_ = 0;

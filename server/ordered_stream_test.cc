@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -12,6 +13,7 @@
 #include "common/synth.h"
 #include "common/writer.h"
 #include "gtest/gtest.h"
+#include "server/shuffled_stream.h"
 
 namespace shardcast {
 namespace {
@@ -77,7 +79,8 @@ class OrderedStreamTest : public ::testing::Test {
 
   // Reads batches (at most max_batches; -1 = all), checking every vector and
   // label against the generator; returns the rows in delivery order.
-  std::vector<Row> Drain(OrderedStream* s, int max_batches = -1,
+  template <typename Stream>
+  std::vector<Row> Drain(Stream* s, int max_batches = -1,
                          std::string* last_token = nullptr,
                          std::vector<int64_t>* sizes = nullptr,
                          int64_t single_layer = 6) {
@@ -265,6 +268,141 @@ TEST_F(OrderedStreamTest, ShardTruncatedMidStreamIsDataLoss) {
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(std::string(st.message()).find("acts000003.bin"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Shuffled streaming reuses the ordered fixture's dataset and checks.
+class ShuffledStreamTest : public OrderedStreamTest {
+ protected:
+  std::unique_ptr<ShuffledStream> OpenShuffled(const StreamSpec& spec,
+                                               uint64_t seed,
+                                               const std::string& token = "") {
+    ShuffleOptions options;
+    options.block_bytes = 3 * kT * kD * 4;  // 3 rows per block: many blocks
+    options.window_blocks = 4;              // small window: refills mid-batch
+    auto s = ShuffledStream::Create(reader_, id_, spec, seed, options, token);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::vector<Row> DrainShuffled(ShuffledStream* s, int max_batches = -1,
+                                 std::string* token = nullptr,
+                                 int64_t single_layer = 6) {
+    return Drain(s, max_batches, token, nullptr, single_layer);
+  }
+};
+
+std::vector<Row> Sorted(std::vector<Row> rows) {
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+TEST_F(ShuffledStreamTest, EveryEpochIsAPermutationOfTheSelection) {
+  for (std::optional<int64_t> layer :
+       {std::optional<int64_t>(-2), std::optional<int64_t>()}) {
+    for (TokenSelection tokens :
+         {TokenSelection::kContent, TokenSelection::kSpecial,
+          TokenSelection::kAll}) {
+      StreamSpec spec;
+      spec.layer = layer;
+      spec.tokens = tokens;
+      spec.batch_size = 7;
+      spec.epochs = 2;
+      auto s = OpenShuffled(spec, 42);
+      ASSERT_NE(s, nullptr);
+      std::vector<Row> got =
+          DrainShuffled(s.get(), -1, nullptr, layer.value_or(0));
+      const std::vector<Row> want = Sorted(Expected(layer, tokens));
+      ASSERT_EQ(got.size(), 2 * want.size());
+      std::vector<Row> first(got.begin(), got.begin() + want.size());
+      std::vector<Row> second(got.begin() + want.size(), got.end());
+      EXPECT_EQ(Sorted(first), want);
+      EXPECT_EQ(Sorted(second), want);
+      if (tokens != TokenSelection::kSpecial || !layer.has_value()) {
+        EXPECT_NE(first, Expected(layer, tokens)) << "not shuffled";
+        EXPECT_NE(first, second) << "epochs in the same order";
+      }
+    }
+  }
+}
+
+TEST_F(ShuffledStreamTest, SameSeedGivesTheSameOrderAndAnotherSeedDoesNot) {
+  StreamSpec spec;
+  spec.batch_size = 16;
+  auto a = OpenShuffled(spec, 7), b = OpenShuffled(spec, 7),
+       c = OpenShuffled(spec, 8);
+  const std::vector<Row> ra = DrainShuffled(a.get()),
+                         rb = DrainShuffled(b.get()),
+                         rc = DrainShuffled(c.get());
+  EXPECT_EQ(ra, rb);
+  EXPECT_NE(ra, rc);
+  EXPECT_EQ(Sorted(ra), Sorted(rc));
+}
+
+TEST_F(ShuffledStreamTest, PartitionsAreDisjointAndCoverTheSelection) {
+  std::vector<Row> all;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    StreamSpec spec;
+    spec.layer = 6;
+    spec.batch_size = 8;
+    spec.rank = rank;
+    spec.world_size = 4;
+    auto s = OpenShuffled(spec, 3);
+    ASSERT_NE(s, nullptr);
+    std::vector<Row> part = DrainShuffled(s.get());
+    EXPECT_EQ(static_cast<int64_t>(part.size()), s->vectors_per_epoch());
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(Sorted(all), Sorted(Expected(6, TokenSelection::kContent)));
+}
+
+TEST_F(ShuffledStreamTest, ResumeContinuesTheSameOrderWithoutRepeatsOrGaps) {
+  StreamSpec spec;
+  spec.batch_size = 9;
+  spec.epochs = 2;
+  auto whole = OpenShuffled(spec, 99);
+  const std::vector<Row> uninterrupted = DrainShuffled(whole.get());
+  for (int cut : {1, 5, 25, 26, 30}) {  // 230 vectors/epoch: 26 batches each
+    auto first = OpenShuffled(spec, 99);
+    std::string token;
+    std::vector<Row> rows = DrainShuffled(first.get(), cut, &token);
+    auto resumed = OpenShuffled(spec, 99, token);
+    ASSERT_NE(resumed, nullptr);
+    std::vector<Row> rest = DrainShuffled(resumed.get());
+    rows.insert(rows.end(), rest.begin(), rest.end());
+    EXPECT_EQ(rows, uninterrupted) << "cut after batch " << cut;
+  }
+  auto other_seed = ShuffledStream::Create(reader_, id_, spec, 100, {}, "");
+  ASSERT_TRUE(other_seed.ok());
+  std::string token;
+  auto s = OpenShuffled(spec, 99);
+  DrainShuffled(s.get(), 1, &token);
+  EXPECT_EQ(ShuffledStream::Create(reader_, id_, spec, 100, {}, token)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShuffledStreamTest, DropLastAndResumeAtTheEndOfAnEpoch) {
+  StreamSpec spec;
+  spec.layer = 6;
+  spec.batch_size = 10;  // 115 per epoch: 11 batches, 5 dropped
+  spec.epochs = 2;
+  spec.drop_last = true;
+  auto s = OpenShuffled(spec, 5);
+  std::string token;
+  std::vector<Row> first = DrainShuffled(s.get(), 11, &token);
+  ASSERT_EQ(first.size(), 110u);
+  auto resumed = OpenShuffled(spec, 5, token);
+  ASSERT_NE(resumed, nullptr);
+  std::vector<Row> second = DrainShuffled(resumed.get());
+  ASSERT_EQ(second.size(), 110u);
+  std::set<Row> distinct(second.begin(), second.end());
+  EXPECT_EQ(distinct.size(), 110u);
 }
 
 }  // namespace

@@ -645,8 +645,10 @@ TEST_F(DaemonTest, StreamRequestErrorsHaveTheirCodes) {
   req.set_batch_size(10);
   absl::Status st;
   req.set_order(v1::ORDER_SHUFFLED);
+  req.set_resume_token("not a token");
   ReadStream(client.get(), req, &st);
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  req.clear_resume_token();
   req.set_order(v1::ORDER_ORDERED);
   req.set_batch_size(0);
   ReadStream(client.get(), req, &st);
@@ -690,6 +692,43 @@ TEST_F(DaemonTest, BadConfigFileIsAUsageErrorNamingTheKey) {
   ASSERT_NE(wrong_type.WaitExit(std::chrono::seconds(10)), -1);
   EXPECT_NE(ReadAll(JoinPath(dir_, "bad2.log")).find("\"roots\""),
             std::string::npos);
+}
+
+TEST_F(DaemonTest, ShuffledStreamIsAPermutationAndResumesWhereItStopped) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  v1::StreamRequest req;
+  req.set_dataset(main_id_);
+  req.set_order(v1::ORDER_SHUFFLED);
+  req.set_seed(1234);
+  req.set_batch_size(50);
+  req.set_epochs(1);
+  absl::Status st;
+  auto whole = ReadStream(client.get(), req, &st);  // checks every vector
+  ASSERT_TRUE(st.ok()) << st;
+  auto sorted = whole;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_EQ(sorted.size(), 2u * 40 * 16);
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  EXPECT_NE(sorted, whole) << "not shuffled";
+  // Interrupt after 5 batches, resume with the last token: same order.
+  auto stream = client->OpenStream(req);
+  v1::Batch b;
+  std::string token;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(stream->Next(&b));
+    token = b.resume_token();
+  }
+  stream->Cancel();
+  while (stream->Next(&b)) {
+  }
+  stream->Finish().IgnoreError();
+  req.set_resume_token(token);
+  auto rest = ReadStream(client.get(), req, &st);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(rest.size(), whole.size() - 250);
+  EXPECT_TRUE(std::equal(rest.begin(), rest.end(), whole.begin() + 250));
 }
 
 }  // namespace
