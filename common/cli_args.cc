@@ -80,6 +80,44 @@ absl::StatusOr<int64_t> Args::GetInt(const std::string& name,
   return v;
 }
 
+absl::StatusOr<uint64_t> Args::GetBytes(const std::string& name,
+                                        uint64_t fallback) const {
+  if (!Has(name)) return fallback;
+  std::string text = Get(name);
+  int shift = 0;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      case 'T':
+      case 't':
+        shift = 40;
+        break;
+      default:
+        break;
+    }
+  }
+  if (shift > 0) text.pop_back();
+  uint64_t v;
+  if (text.empty() || text[0] == '-' || !absl::SimpleAtoi(text, &v) ||
+      (shift > 0 && v > (UINT64_MAX >> shift))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, " must be a byte count like 1073741824, 512M or 2G, got \"",
+        Get(name), "\""));
+  }
+  return v << shift;
+}
+
 absl::StatusOr<std::vector<int64_t>> Args::GetIntList(
     const std::string& name, const std::string& fallback) const {
   const std::string text = Get(name, fallback);

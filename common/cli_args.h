@@ -38,6 +38,11 @@ class Args {
   /// Integer value; INVALID_ARGUMENT naming the option when not an integer.
   absl::StatusOr<int64_t> GetInt(const std::string& name,
                                  int64_t fallback) const;
+  /// A byte count: an integer with an optional binary suffix K, M, G or T
+  /// ("512M", "2G"). INVALID_ARGUMENT naming the option otherwise, or when
+  /// it is negative or overflows.
+  absl::StatusOr<uint64_t> GetBytes(const std::string& name,
+                                    uint64_t fallback) const;
   /// Comma-separated integers ("-2,6,12").
   absl::StatusOr<std::vector<int64_t>> GetIntList(
       const std::string& name, const std::string& fallback) const;

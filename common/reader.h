@@ -44,6 +44,9 @@ class DatasetReader {
   int shard_fd(int64_t shard) const {
     return shard_fds_[static_cast<size_t>(shard)].get();
   }
+  /// The open descriptor of labels.bin (-1 without labels) and its path.
+  int labels_fd() const { return labels_fd_.get(); }
+  std::string labels_path() const { return info_.dir + "/labels.bin"; }
   /// Full path of a shard file, for messages.
   const std::string& shard_path(int64_t shard) const {
     return shard_paths_[static_cast<size_t>(shard)];

@@ -20,10 +20,14 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "httplib.h"
+#include "server/buffer_pool.h"
 #include "server/catalog.h"
 #include "server/grpc_services.h"
 #include "server/log.h"
 #include "server/metrics.h"
+#include "server/read_engine.h"
+#include "server/reservoir.h"
+#include "server/scan.h"
 #include "server/worker_pool.h"
 
 namespace shardcast {
@@ -128,6 +132,12 @@ struct Daemon::Impl {
   std::unique_ptr<Catalog> catalog;
   std::unique_ptr<QueryEngine> engine;
   std::unique_ptr<WorkerPool> pool;
+  // The streaming engine; declared before the server so that it outlives
+  // the payload slices gRPC still holds when the server goes.
+  std::unique_ptr<Reservoir> reservoir;
+  std::unique_ptr<ReadEngine> read_engine;
+  std::unique_ptr<ScanRegistry> scans;
+  std::unique_ptr<BufferPool> buffers;
   std::unique_ptr<QueryService> query_service;
   std::unique_ptr<AdminService> admin_service;
   std::unique_ptr<grpc::Server> server;
@@ -150,6 +160,44 @@ struct Daemon::Impl {
     LogInfo("catalog: ", ok, " dataset(s) served, ", failed, " rejected");
   }
 
+  StreamServices Streams() {
+    return {scans.get(), buffers.get(), read_engine.get(), reservoir.get()};
+  }
+
+  absl::Status StartEngine() {
+    ReservoirOptions r;
+    r.bytes = options.reservoir_bytes;
+    r.slot_bytes = options.block_bytes;
+    r.prefault = options.prefault;
+    ASSIGN_OR_RETURN(reservoir, Reservoir::Create(r));
+    ReadEngineOptions e;
+    e.queue_depth = options.queue_depth;
+    e.read_bytes = options.read_bytes;
+    e.register_buffers = options.direct_io;
+    ASSIGN_OR_RETURN(read_engine, ReadEngine::Start(e, reservoir.get()));
+    ReadEngine* engine = read_engine.get();
+    reservoir->SetReleaseListener([engine] { engine->Wake(); });
+    ScanOptions so;
+    so.window_blocks = options.shuffle_window;
+    so.lag_blocks = options.lag_blocks;
+    so.direct_io = options.direct_io;
+    scans = std::make_unique<ScanRegistry>(engine, reservoir.get(), so);
+    // Idle batch buffers kept for reuse: a few per stream at most.
+    buffers = std::make_unique<BufferPool>(256ull << 20);
+    LogInfo("reservoir ", reservoir->bytes() >> 20, " MiB in ",
+            reservoir->num_slots(), " blocks of ",
+            reservoir->slot_bytes() >> 10,
+            " KiB; each shuffled stream reserves ",
+            options.shuffle_window + options.lag_blocks, " (window ",
+            options.shuffle_window, " + lag ", options.lag_blocks,
+            "); read engine: ",
+            engine->uses_uring() ? "io_uring" : "pread fallback", ", ",
+            options.queue_depth, " reads of <= ", options.read_bytes >> 10,
+            " KiB in flight", options.direct_io ? ", O_DIRECT" : "",
+            engine->buffers_registered() ? ", registered buffers" : "");
+    return absl::OkStatus();
+  }
+
   absl::Status StartHttp() {
     http = std::make_unique<httplib::Server>();
     http->Get("/healthz",
@@ -158,11 +206,12 @@ struct Daemon::Impl {
                 res.status = up ? 200 : 503;
                 res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
               });
-    http->Get("/metrics",
-              [this](const httplib::Request&, httplib::Response& res) {
-                res.set_content(metrics.PrometheusText(serving.load()),
-                                "text/plain; version=0.0.4");
-              });
+    http->Get(
+        "/metrics", [this](const httplib::Request&, httplib::Response& res) {
+          res.set_content(metrics.PrometheusText(
+                              serving.load(), CollectEngineFigures(Streams())),
+                          "text/plain; version=0.0.4");
+        });
     const std::string host = HostOf(options.http_address);
     const std::string port_text =
         options.http_address.substr(options.http_address.rfind(':') + 1);
@@ -202,6 +251,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (options.query_threads < 1) {
     return absl::InvalidArgumentError("--query-threads must be >= 1");
   }
+  if (options.shuffle_window < 1 || options.lag_blocks < 1) {
+    return absl::InvalidArgumentError(
+        "--shuffle-window and --lag-blocks must be >= 1");
+  }
+  if (options.queue_depth < 1 || options.queue_depth > 4096) {
+    return absl::InvalidArgumentError("--queue-depth must be in [1, 4096]");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   Impl* d = impl.get();
@@ -224,10 +280,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   d->engine = std::make_unique<QueryEngine>(d->catalog.get(), &d->metrics,
                                             options.limits);
   d->pool = std::make_unique<WorkerPool>(options.query_threads);
+  RETURN_IF_ERROR(d->StartEngine());
   d->query_service = std::make_unique<QueryService>(
-      d->engine.get(), d->pool.get(), &d->metrics, &d->serving);
-  d->admin_service =
-      std::make_unique<AdminService>(d->catalog.get(), &d->metrics);
+      d->engine.get(), d->pool.get(), &d->metrics, &d->serving, d->Streams());
+  d->admin_service = std::make_unique<AdminService>(d->catalog.get(),
+                                                    &d->metrics, d->Streams());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -312,6 +369,9 @@ void Daemon::Shutdown() {
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
   d->pool.reset();  // runs what is queued; their reactors are already done
+  // Every stream has left its scan; stop the engine (it finishes the reads
+  // in flight), which lets go of the scans and their blocks.
+  d->read_engine.reset();
   if (d->http != nullptr) {
     d->http->stop();
     if (d->http_thread.joinable()) d->http_thread.join();
@@ -398,6 +458,27 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* o,
       if (!v.is_number_integer() || v.get<int64_t>() < 1)
         return bad("an integer >= 1");
       o->limits.max_bytes_per_call = v.get<uint64_t>();
+    } else if (key == "reservoir_bytes" || key == "block_bytes" ||
+               key == "read_bytes") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return bad("an integer >= 1 (bytes)");
+      const uint64_t n = v.get<uint64_t>();
+      (key == "reservoir_bytes" ? o->reservoir_bytes
+       : key == "block_bytes"   ? o->block_bytes
+                                : o->read_bytes) = n;
+    } else if (key == "shuffle_window" || key == "lag_blocks") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return bad("an integer >= 1");
+      (key == "shuffle_window" ? o->shuffle_window : o->lag_blocks) =
+          v.get<int64_t>();
+    } else if (key == "queue_depth") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 ||
+          v.get<int64_t>() > 4096)
+        return bad("an integer in [1, 4096]");
+      o->queue_depth = static_cast<unsigned>(v.get<int64_t>());
+    } else if (key == "direct_io" || key == "prefault") {
+      if (!v.is_boolean()) return bad("true or false");
+      (key == "direct_io" ? o->direct_io : o->prefault) = v.get<bool>();
     } else if (key == "shutdown_grace_seconds") {
       if (!v.is_number() || v.get<double>() < 0) return bad("a number >= 0");
       o->shutdown_grace = absl::Seconds(v.get<double>());

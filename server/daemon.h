@@ -37,6 +37,18 @@ struct DaemonOptions {
   QueryLimits limits;
   /// How long SIGTERM waits for calls in flight before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(10);
+
+  // The streaming engine (shared scans for shuffled streams).
+  /// Memory for blocks read by the scans; every shuffled stream reserves
+  /// (shuffle_window + lag_blocks) blocks of it.
+  uint64_t reservoir_bytes = 2ull << 30;
+  uint64_t block_bytes = 4ull << 20;  // one block = one reservoir slot
+  int64_t shuffle_window = 16;        // blocks a stream draws from
+  int64_t lag_blocks = 32;         // blocks a stream may fall behind its scan
+  unsigned queue_depth = 32;       // io_uring reads in flight
+  uint64_t read_bytes = 1u << 20;  // largest single read
+  bool direct_io = false;          // O_DIRECT + registered buffers
+  bool prefault = false;           // touch the reservoir at start
 };
 
 /// Parses a JSON config file with the same settings as the flags:
@@ -45,7 +57,10 @@ struct DaemonOptions {
 ///  "tls_client_ca": F, "insecure_tcp": false, "http": "host:port",
 ///  "socket_group": "shardcast", "query_threads": 4,
 ///  "max_vectors_per_call": N, "max_bytes_per_call": N,
-///  "shutdown_grace_seconds": 10, "log_level": "info"}.
+///  "shutdown_grace_seconds": 10, "log_level": "info",
+///  "reservoir_bytes": N, "block_bytes": N, "shuffle_window": N,
+///  "lag_blocks": N, "queue_depth": N, "read_bytes": N, "direct_io": false,
+///  "prefault": false}.
 /// INVALID_ARGUMENT naming the file and key for unknown keys or bad types.
 absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* options,
                              std::string* log_level);

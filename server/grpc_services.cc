@@ -166,8 +166,10 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
 };
 
 // A Batch reply: protobuf header (metadata) + the vectors as field 15,
-// appended as their own slice (no copy through protobuf).
-grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model) {
+// appended as their own slice (no copy through protobuf). The slice owns
+// `buffer` and returns it to its pool when gRPC is done with it.
+grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
+                            PooledBuffer* buffer, size_t vector_bytes) {
   v1::Batch header;
   header.set_epoch(b.epoch);
   header.set_index(b.index);
@@ -180,16 +182,19 @@ grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model) {
   header.set_resume_token(std::move(b.resume_token));
   std::string head = header.SerializeAsString();
   head.push_back(static_cast<char>((15 << 3) | 2));
-  AppendVarint(head, b.vectors.size());
-  const size_t size = b.vectors.size();
-  grpc::Slice slices[2] = {grpc::Slice(head),
-                           grpc::Slice(b.vectors.Release(), size, std::free)};
+  AppendVarint(head, vector_bytes);
+  grpc::Slice slices[2] = {
+      grpc::Slice(head),
+      grpc::Slice(buffer->data, vector_bytes, &BufferPool::Return, buffer)};
   return grpc::ByteBuffer(slices, 2);
 }
 
-// One Stream call: read the request, then produce a batch on the worker pool,
-// write it, and produce the next only when the write is done (one write in
-// flight, so a slow client holds at most one batch). Deletes itself in OnDone.
+// One Stream call. Batches are assembled on the worker pool and written one
+// at a time (the next is started from OnWriteDone), so a slow client holds
+// at most one batch. A shuffled stream that waits for blocks from its scan
+// gives its worker back and is woken by the scan, so no thread blocks on the
+// disk. States: producing (a worker is assembling), waiting (for blocks),
+// writing (one batch in flight), finished. Deletes itself in OnDone.
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
   StreamReactor(const QueryService* service,
@@ -222,15 +227,16 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       FinishWith(absl::CancelledError("the client went away"));
       return;
     }
-    service_->pool()->Submit([this] {
-      TsanAcquire(this);
-      Produce();
-    });
+    {
+      MutexLock lock(&mu_);
+      state_ = State::kProducing;
+    }
+    Schedule();
   }
 
   void OnCancel() override {
     TsanAcquire(this);
-    cancelled_ = true;
+    Kick(/*cancel=*/true);
   }
 
   void OnDone() override {
@@ -244,6 +250,33 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
  private:
+  enum class State { kProducing, kWaiting, kWriting, kFinished };
+
+  void Schedule() {
+    TsanRelease(this);
+    service_->pool()->Submit([this] {
+      TsanAcquire(this);
+      Produce();
+    });
+  }
+
+  // From the scan (its lock held) when blocks arrived, or from OnCancel: run
+  // Produce again if it is waiting, or tell a running one to go on.
+  void Kick(bool cancel) {
+    bool schedule = false;
+    if (cancel) cancelled_ = true;
+    {
+      MutexLock lock(&mu_);
+      if (state_ == State::kWaiting) {
+        state_ = State::kProducing;
+        schedule = true;
+      } else if (state_ == State::kProducing) {
+        rerun_ = true;
+      }
+    }
+    if (schedule) Schedule();
+  }
+
   void Open() {
     v1::StreamRequest req;
     absl::Status st = ParseRequest(&request_, &req);
@@ -267,17 +300,39 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     spec.rank = req.rank();
     spec.world_size = req.world_size();
     spec.drop_last = req.drop_last();
-    d_model_ = (*reader)->desc().d_model;
+    for (uint32_t l : req.exclude_labels()) {
+      if (l > 255) {
+        FinishWith(absl::InvalidArgumentError(absl::StrCat(
+            "exclude_labels: ", l, " is not a uint8 label (0-255)")));
+        return;
+      }
+      spec.exclude_labels.push_back(static_cast<uint8_t>(l));
+    }
+    const DatasetDesc& d = (*reader)->desc();
+    d_model_ = d.d_model;
+    vector_bytes_ = d.vector_bytes();
+    if (spec.batch_size > 0 &&
+        static_cast<uint64_t>(spec.batch_size) * vector_bytes_ >
+            kMaxBatchBytes) {
+      FinishWith(absl::InvalidArgumentError(
+          absl::StrCat("batch_size ", spec.batch_size, " x d_model ", d.d_model,
+                       " x 4 bytes exceeds the ", kMaxBatchBytes >> 20,
+                       " MiB message limit; use at most ",
+                       kMaxBatchBytes / vector_bytes_, " vectors per batch")));
+      return;
+    }
     const bool shuffled = req.order() != v1::ORDER_ORDERED;
+    int64_t per_epoch = 0;
     if (shuffled) {
-      auto stream = ShuffledStream::Create(*reader, (*reader)->info().dir_name,
-                                           spec, req.seed(), ShuffleOptions(),
-                                           req.resume_token());
+      auto stream = ShuffledStream::Create(
+          service_->streams().scans, *reader, (*reader)->info().dir_name, spec,
+          req.seed(), req.resume_token(), peer_);
       if (!stream.ok()) {
         FinishWith(stream.status());
         return;
       }
       shuffled_ = std::move(*stream);
+      per_epoch = shuffled_->vectors_per_epoch();
     } else {
       auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name,
                                           spec, req.resume_token());
@@ -286,51 +341,106 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
         return;
       }
       stream_ = std::move(*stream);
+      per_epoch = stream_->vectors_per_epoch();
     }
+    batch_bytes_ = static_cast<size_t>(spec.batch_size) * vector_bytes_;
     LogInfo("stream client connected from ", peer_, ": dataset ", req.dataset(),
             shuffled ? ", shuffled (seed " + std::to_string(req.seed()) + ")"
                      : ", ordered",
             ", batch ", spec.batch_size, ", rank ", spec.rank, "/",
             spec.world_size, ", ",
-            shuffled ? shuffled_->vectors_per_epoch()
-                     : stream_->vectors_per_epoch(),
+            per_epoch < 0 ? std::string("(label-filtered)")
+                          : std::to_string(per_epoch),
             " vectors per epoch");
     Produce();
   }
 
   void Produce() {
-    if (cancelled_) {
+    if (cancelled_.load()) {
       FinishWith(absl::CancelledError("the client cancelled"));
       return;
     }
-    StreamBatch batch;
-    absl::StatusOr<bool> more =
-        shuffled_ != nullptr ? shuffled_->Next(&batch) : stream_->Next(&batch);
-    if (!more.ok()) {
-      FinishWith(more.status());
-      return;
+    if (buffer_ == nullptr)
+      buffer_ = service_->streams().buffers->Get(batch_bytes_);
+    const VectorDest dest{buffer_->data, buffer_->size};
+    bool have_batch = false;
+    if (stream_ != nullptr) {
+      absl::StatusOr<bool> more = stream_->Next(dest, &batch_);
+      if (!more.ok()) {
+        FinishWith(more.status());
+        return;
+      }
+      have_batch = *more;
+      if (have_batch) {
+        service_->metrics()->bytes_read_from_disk +=
+            static_cast<uint64_t>(batch_.rows) * vector_bytes_;
+      }
+    } else {
+      absl::StatusOr<ShuffledStream::Fill> fill =
+          shuffled_->Next(dest, &batch_, [this] { Kick(/*cancel=*/false); });
+      if (!fill.ok()) {
+        FinishWith(fill.status());
+        return;
+      }
+      if (*fill == ShuffledStream::Fill::kPending) {
+        bool again = false;
+        {
+          MutexLock lock(&mu_);
+          if (rerun_ || cancelled_.load()) {
+            rerun_ = false;
+            again = true;
+          } else {
+            state_ = State::kWaiting;
+          }
+        }
+        if (again) Schedule();
+        return;
+      }
+      have_batch = *fill == ShuffledStream::Fill::kBatch;
     }
-    if (!*more) {
+    if (!have_batch) {
       FinishWith(absl::OkStatus());
       return;
     }
-    const uint64_t payload = batch.vectors.size();
-    reply_ = BatchReply(batch, d_model_);
+    const size_t payload = static_cast<size_t>(batch_.rows) * vector_bytes_;
+    reply_ = BatchReply(batch_, d_model_, buffer_, payload);
+    buffer_ = nullptr;  // the reply's slice owns it now
     ++batches_;
     bytes_ += reply_.Length();
-    service_->metrics()->batches_sent++;
-    service_->metrics()->bytes_served += reply_.Length();
-    service_->metrics()->bytes_read_from_disk += payload;
+    Metrics* m = service_->metrics();
+    m->batches_sent++;
+    m->bytes_served += reply_.Length();
+    m->bytes_delivered += payload;
+    {
+      MutexLock lock(&mu_);
+      state_ = State::kWriting;
+      rerun_ = false;
+    }
     TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     StartWrite(&reply_);
   }
 
   void FinishWith(const absl::Status& status) {
+    // Leave the scan first: once the subscription is gone the scan never
+    // calls our waker again.
+    shuffled_.reset();
+    stream_.reset();
+    if (buffer_ != nullptr) {
+      BufferPool::Return(buffer_);
+      buffer_ = nullptr;
+    }
+    {
+      MutexLock lock(&mu_);
+      state_ = State::kFinished;
+    }
     service_->metrics()->CallDone(status.code());
     final_status_ = status.ToString();
     TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     Finish(ToGrpcStatus(status));
   }
+
+  // A batch is one message: stay under the daemon's message limit.
+  static constexpr uint64_t kMaxBatchBytes = 64ull << 20;
 
   const QueryService* service_;
   const std::string peer_;
@@ -338,8 +448,15 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer reply_;
   std::unique_ptr<OrderedStream> stream_;     // ORDER_ORDERED
   std::unique_ptr<ShuffledStream> shuffled_;  // ORDER_SHUFFLED
+  StreamBatch batch_;
+  PooledBuffer* buffer_ = nullptr;  // the batch being assembled
+  size_t batch_bytes_ = 0;
   int64_t d_model_ = 0;
+  uint64_t vector_bytes_ = 0;
   std::atomic<bool> cancelled_{false};
+  Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kProducing;
+  bool rerun_ ABSL_GUARDED_BY(mu_) = false;
   int64_t batches_ = 0;
   uint64_t bytes_ = 0;
   std::string final_status_;
@@ -442,11 +559,58 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_calls_total(metrics_->calls_total.load() + 1);  // this one too
   response->set_calls_failed(metrics_->CallsFailed());
   response->set_bytes_served(metrics_->bytes_served.load());
-  response->set_bytes_read_from_disk(metrics_->bytes_read_from_disk.load());
   response->set_memory_rss_bytes(ResidentBytes());
   response->set_datasets_ok(metrics_->datasets_ok.load());
   response->set_datasets_failed(metrics_->datasets_failed.load());
+  const EngineFigures e = CollectEngineFigures(streams_);
+  response->set_bytes_read_from_disk(metrics_->bytes_read_from_disk.load() +
+                                     e.bytes_read);
+  response->set_reservoir_bytes(e.reservoir_bytes);
+  response->set_reservoir_bytes_in_use(e.reservoir_bytes_in_use);
+  response->set_reservoir_bytes_reserved(e.reservoir_bytes_reserved);
+  response->set_blocks_read(e.blocks_read);
+  response->set_bytes_delivered(metrics_->bytes_delivered.load());
+  for (const ScanStatus& s : e.scans) {
+    v1::ScanStatus* out = response->add_scans();
+    out->set_dataset(ValidUtf8(s.dataset));
+    out->set_selection(s.selection);
+    out->set_blocks(s.num_blocks);
+    out->set_cycle(s.cycle);
+    out->set_position(s.position);
+    out->set_blocks_read(s.blocks_read);
+    out->set_bytes_read(s.bytes_read);
+    for (const SubscriberStatus& c : s.subscribers) {
+      v1::ScanClient* client = out->add_clients();
+      client->set_peer(ValidUtf8(c.peer));
+      client->set_rank(c.rank);
+      client->set_world_size(c.world_size);
+      client->set_epoch(c.epoch);
+      client->set_lag_blocks(c.queued);
+      client->set_blocks_needed(c.blocks_needed);
+      client->set_blocks_delivered(c.blocks_delivered);
+      client->set_blocks_skipped(c.blocks_skipped);
+      client->set_bytes_delivered(c.bytes_delivered);
+    }
+  }
   return Done(ctx, absl::OkStatus());
+}
+
+EngineFigures CollectEngineFigures(const StreamServices& streams) {
+  EngineFigures e;
+  if (streams.reservoir != nullptr) {
+    const uint64_t slot = streams.reservoir->slot_bytes();
+    e.reservoir_bytes = streams.reservoir->bytes();
+    e.reservoir_bytes_in_use =
+        static_cast<uint64_t>(streams.reservoir->slots_in_use()) * slot;
+    e.reservoir_bytes_reserved =
+        static_cast<uint64_t>(streams.reservoir->slots_reserved()) * slot;
+  }
+  if (streams.engine != nullptr) {
+    e.blocks_read = streams.engine->blocks_read();
+    e.bytes_read = streams.engine->bytes_read();
+  }
+  if (streams.scans != nullptr) e.scans = streams.scans->Status();
+  return e;
 }
 
 }  // namespace shardcast

@@ -39,6 +39,23 @@ const std::vector<OptionSpec> kOptions = {
     {"grace-seconds", "S",
      "SIGTERM: wait this long for calls in flight (default 10)"},
     {"log-level", "LEVEL", "debug, info (default), warning or error"},
+    {"reservoir-bytes", "N",
+     "memory for blocks of shuffled streams, e.g. 4G (default 2G); each "
+     "stream reserves (shuffle-window + lag-blocks) blocks of it"},
+    {"block-bytes", "N",
+     "size of one block (one large read of consecutive vectors; default 4M)"},
+    {"shuffle-window", "N",
+     "blocks a shuffled stream draws its vectors from (default 16)"},
+    {"lag-blocks", "N",
+     "blocks a stream may fall behind its shared scan before the scan goes "
+     "on without it (default 32)"},
+    {"queue-depth", "N", "disk reads in flight (io_uring; default 32)"},
+    {"read-bytes", "N", "largest single disk read (default 1M)"},
+    {"direct-io", nullptr,
+     "read shards with O_DIRECT into registered buffers (bypasses the page "
+     "cache; used when vectors are 4 KiB-aligned)"},
+    {"prefault", nullptr,
+     "touch the whole reservoir at start (no first-touch cost later)"},
 };
 
 constexpr char kUsage[] =
@@ -51,6 +68,9 @@ constexpr char kUsage[] =
     "queries, dataset listing and status over gRPC (package shardcast.v1, see\n"
     "proto/), grpc.health.v1 health checking, and /healthz + /metrics over "
     "HTTP.\n"
+    "Shuffled streams of the same dataset selection share one disk pass (a\n"
+    "shared scan reading blocks with io_uring into the reservoir); ordered\n"
+    "streams read their batches straight from disk.\n"
     "Datasets that fail validation are listed with their error and not "
     "served.\n\n"
     "Signals: SIGHUP rescans the roots; SIGTERM/SIGINT stop accepting calls,\n"
@@ -115,10 +135,30 @@ int Main(int argc, char** argv) {
                    static_cast<int64_t>(options.limits.max_bytes_per_call));
   auto grace = args->GetInt("grace-seconds",
                             absl::ToInt64Seconds(options.shutdown_grace));
-  for (const absl::Status& s : {threads.status(), max_vectors.status(),
-                                max_bytes.status(), grace.status()}) {
+  auto reservoir = args->GetBytes("reservoir-bytes", options.reservoir_bytes);
+  auto block = args->GetBytes("block-bytes", options.block_bytes);
+  auto read = args->GetBytes("read-bytes", options.read_bytes);
+  auto window = args->GetInt("shuffle-window", options.shuffle_window);
+  auto lag = args->GetInt("lag-blocks", options.lag_blocks);
+  auto depth = args->GetInt("queue-depth", options.queue_depth);
+  for (const absl::Status& s :
+       {threads.status(), max_vectors.status(), max_bytes.status(),
+        grace.status(), reservoir.status(), block.status(), read.status(),
+        window.status(), lag.status(), depth.status()}) {
     if (!s.ok()) return usage_error(s);
   }
+  options.reservoir_bytes = *reservoir;
+  options.block_bytes = *block;
+  options.read_bytes = *read;
+  options.shuffle_window = *window;
+  options.lag_blocks = *lag;
+  if (*depth < 1 || *depth > 4096) {
+    return usage_error(
+        absl::InvalidArgumentError("--queue-depth must be in [1, 4096]"));
+  }
+  options.queue_depth = static_cast<unsigned>(*depth);
+  options.direct_io = options.direct_io || args->Has("direct-io");
+  options.prefault = options.prefault || args->Has("prefault");
   options.query_threads = static_cast<int>(*threads);
   options.limits.max_vectors_per_call = *max_vectors;
   options.limits.max_bytes_per_call = static_cast<uint64_t>(*max_bytes);

@@ -15,7 +15,26 @@ uint64_t Metrics::CallsFailed() const {
   return n;
 }
 
-std::string Metrics::PrometheusText(bool serving) const {
+namespace {
+
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Metrics::PrometheusText(bool serving,
+                                    const EngineFigures& engine) const {
   std::string out;
   auto metric = [&out](const char* name, const char* type, const char* help,
                        auto value) {
@@ -49,7 +68,53 @@ std::string Metrics::PrometheusText(bool serving) const {
   metric("shardcast_bytes_served_total", "counter",
          "Payload bytes sent to clients.", bytes_served.load());
   metric("shardcast_disk_read_bytes_total", "counter",
-         "Bytes read from shard files.", bytes_read_from_disk.load());
+         "Bytes read from shard files (queries, ordered and shared scans).",
+         bytes_read_from_disk.load() + engine.bytes_read);
+  metric("shardcast_stream_bytes_delivered_total", "counter",
+         "Vector bytes delivered in stream batches.", bytes_delivered.load());
+  metric("shardcast_scan_blocks_read_total", "counter",
+         "Blocks read by the shared scans.", engine.blocks_read);
+  metric("shardcast_reservoir_bytes", "gauge",
+         "Size of the block reservoir (--reservoir-bytes).",
+         engine.reservoir_bytes);
+  metric("shardcast_reservoir_bytes_in_use", "gauge",
+         "Reservoir bytes holding blocks.", engine.reservoir_bytes_in_use);
+  metric("shardcast_reservoir_bytes_reserved", "gauge",
+         "Reservoir bytes reserved by shuffled streams.",
+         engine.reservoir_bytes_reserved);
+  metric("shardcast_scans", "gauge", "Active shared scans.",
+         engine.scans.size());
+  absl::StrAppend(&out,
+                  "# HELP shardcast_scan_clients Streams fed by a shared "
+                  "scan.\n# TYPE shardcast_scan_clients gauge\n");
+  for (const ScanStatus& s : engine.scans) {
+    absl::StrAppend(&out, "shardcast_scan_clients{dataset=\"",
+                    LabelValue(s.dataset), "\",selection=\"",
+                    LabelValue(s.selection), "\"} ", s.subscribers.size(),
+                    "\n");
+  }
+  absl::StrAppend(&out,
+                  "# HELP shardcast_scan_read_bytes_total Bytes read from disk "
+                  "by a shared scan.\n# TYPE shardcast_scan_read_bytes_total "
+                  "counter\n");
+  for (const ScanStatus& s : engine.scans) {
+    absl::StrAppend(&out, "shardcast_scan_read_bytes_total{dataset=\"",
+                    LabelValue(s.dataset), "\",selection=\"",
+                    LabelValue(s.selection), "\"} ", s.bytes_read, "\n");
+  }
+  absl::StrAppend(&out,
+                  "# HELP shardcast_stream_lag_blocks Blocks a scan delivered "
+                  "to a stream that it has not taken yet.\n# TYPE "
+                  "shardcast_stream_lag_blocks gauge\n");
+  for (const ScanStatus& s : engine.scans) {
+    for (const SubscriberStatus& c : s.subscribers) {
+      absl::StrAppend(&out, "shardcast_stream_lag_blocks{dataset=\"",
+                      LabelValue(s.dataset), "\",selection=\"",
+                      LabelValue(s.selection), "\",client=\"", c.id,
+                      "\",peer=\"", LabelValue(c.peer), "\",rank=\"", c.rank,
+                      "\"} ", c.queued, "\n");
+    }
+  }
   metric("shardcast_memory_rss_bytes", "gauge",
          "Resident memory of the daemon.", ResidentBytes());
   metric("shardcast_datasets", "gauge", "Datasets being served.",

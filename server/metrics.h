@@ -7,11 +7,23 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/scan_status.h"
 
 namespace shardcast {
+
+/// The streaming engine's figures at one moment (reservoir, scans, clients).
+struct EngineFigures {
+  uint64_t reservoir_bytes = 0;
+  uint64_t reservoir_bytes_in_use = 0;
+  uint64_t reservoir_bytes_reserved = 0;
+  uint64_t blocks_read = 0;
+  uint64_t bytes_read = 0;
+  std::vector<ScanStatus> scans;
+};
 
 struct Metrics {
   absl::Time start_time = absl::Now();
@@ -21,6 +33,8 @@ struct Metrics {
   std::atomic<uint64_t> bytes_read_from_disk{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
+  /// Vector bytes in stream batches (useful payload).
+  std::atomic<uint64_t> bytes_delivered{0};
   std::atomic<int64_t> datasets_ok{0};
   std::atomic<int64_t> datasets_failed{0};
   /// Finished calls by final status code (index = absl::StatusCode).
@@ -33,7 +47,7 @@ struct Metrics {
   }
   uint64_t CallsFailed() const;
   /// Prometheus text exposition format (version 0.0.4).
-  std::string PrometheusText(bool serving) const;
+  std::string PrometheusText(bool serving, const EngineFigures& engine) const;
 };
 
 /// Resident set size of this process, from /proc/self/statm (0 if unknown).

@@ -1,9 +1,11 @@
 #include "server/ordered_stream.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "server/uring_reader.h"
@@ -66,23 +68,45 @@ absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d,
   return s;
 }
 
+void SizeBatchMetadata(StreamBatch* out, size_t rows, bool all_layers,
+                       bool labels) {
+  out->example_idx.resize(rows * 8);
+  out->token_idx.resize(rows * 4);
+  out->layer.resize(all_layers ? rows * 8 : 0);
+  out->labels.resize(labels ? rows : 0);
+}
+
+absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
+  if (spec->batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be >= 1, got ", spec->batch_size));
+  }
+  if (spec->epochs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epochs must be >= 0 (0 = endless), got ", spec->epochs));
+  }
+  if (spec->world_size <= 0) spec->world_size = 1;
+  if (spec->rank < 0 || spec->rank >= spec->world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", spec->rank,
+                     " is not in [0, world_size = ", spec->world_size, ")"));
+  }
+  if (!spec->exclude_labels.empty() && !info.has_labels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("exclude_labels filters by labels.bin, but dataset ",
+                     info.dir_name, " has no labels"));
+  }
+  std::sort(spec->exclude_labels.begin(), spec->exclude_labels.end());
+  spec->exclude_labels.erase(
+      std::unique(spec->exclude_labels.begin(), spec->exclude_labels.end()),
+      spec->exclude_labels.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
     std::shared_ptr<const DatasetReader> reader, std::string dataset_id,
     StreamSpec spec, const std::string& resume_token) {
-  if (spec.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size must be >= 1, got ", spec.batch_size));
-  }
-  if (spec.epochs < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("epochs must be >= 0 (0 = endless), got ", spec.epochs));
-  }
-  if (spec.world_size <= 0) spec.world_size = 1;
-  if (spec.rank < 0 || spec.rank >= spec.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", spec.rank,
-                     " is not in [0, world_size = ", spec.world_size, ")"));
-  }
+  RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &spec));
   std::unique_ptr<OrderedStream> s(new OrderedStream());
   ASSIGN_OR_RETURN(s->sel_, Selection::Create(reader->desc(), spec));
   s->reader_ = std::move(reader);
@@ -99,7 +123,9 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
       absl::StrCat("ordered|", s->dataset_id_, "|",
                    spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all",
                    "|", static_cast<int>(spec.tokens), "|", spec.batch_size,
-                   "|", spec.rank, "/", spec.world_size, "|", spec.drop_last));
+                   "|", spec.rank, "/", spec.world_size, "|", spec.drop_last,
+                   "|", absl::StrJoin(spec.exclude_labels, ",")));
+  for (uint8_t l : spec.exclude_labels) s->exclude_[l] = true;
   const std::string digest = h.HexDigest();
   s->fingerprint_ = std::stoull(digest.substr(0, 16), nullptr, 16);
   if (!resume_token.empty()) {
@@ -133,83 +159,106 @@ std::string OrderedStream::ResumeToken() const {
   return t;
 }
 
-absl::StatusOr<bool> OrderedStream::Next(StreamBatch* out) {
-  // Move to the next epoch when this one is exhausted (or only a short batch
-  // is left and drop_last is set).
+absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
+  const DatasetDesc& d = reader_->desc();
+  const uint64_t vb = d.vector_bytes();
+  if (dest.capacity < static_cast<uint64_t>(spec_.batch_size) * vb) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch buffer of ", dest.capacity, " bytes is smaller than a batch (",
+        spec_.batch_size, " x ", vb, ")"));
+  }
+  const bool filter = !spec_.exclude_labels.empty();
+  const bool has_labels = reader_->info().has_labels;
+  const int64_t k = sel_.vectors_per_row;
+  const bool all_layers = sel_.layer_index < 0;
+  const int64_t cls = d.cls_token ? 1 : 0;
+  std::string label_row(static_cast<size_t>(d.content_tokens), '\0');
   while (true) {
     if (spec_.epochs != 0 && epoch_ >= spec_.epochs) return false;
-    const int64_t left = hi_ - next_;
-    if (left > 0 && !(spec_.drop_last && left < spec_.batch_size)) break;
-    if (hi_ == lo_ && spec_.epochs == 0)
-      return false;  // nothing to stream, ever
+    if (hi_ == lo_ && spec_.epochs == 0) return false;  // nothing, ever
+    const bool short_tail =
+        !filter && spec_.drop_last && hi_ - next_ < spec_.batch_size;
+    int64_t filled = 0;
+    int64_t g = next_;
+    std::vector<ReadOp> ops;
+    if (!short_tail) {
+      SizeBatchMetadata(out, static_cast<size_t>(spec_.batch_size), all_layers,
+                        has_labels);
+      int64_t label_example = -1;
+      // Walk the selection from `g`, one row segment at a time; each run of
+      // kept tokens becomes one read straight into the destination.
+      while (filled < spec_.batch_size && g < hi_) {
+        const int64_t row = g / k;
+        const int64_t j0 = g % k;
+        const int64_t j1 = std::min<int64_t>(k, j0 + (hi_ - g));
+        const int64_t example = all_layers ? row / d.num_layers() : row;
+        const int64_t li = all_layers ? row % d.num_layers() : sel_.layer_index;
+        ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
+        if (has_labels && label_example != example) {
+          RETURN_IF_ERROR(reader_->ReadLabels(
+              example, reinterpret_cast<uint8_t*>(label_row.data())));
+          label_example = example;
+        }
+        int64_t run_start = -1;  // token (row-relative) where the run began
+        auto flush = [&](int64_t end) {
+          if (run_start < 0) return;
+          ReadOp op;
+          op.fd = reader_->shard_fd(loc.shard);
+          op.path = &reader_->shard_path(loc.shard);
+          op.offset = loc.offset +
+                      (static_cast<uint64_t>(li) * d.tokens_per_example +
+                       static_cast<uint64_t>(sel_.token_begin + run_start)) *
+                          vb;
+          op.length = static_cast<size_t>(end - run_start) * vb;
+          op.dest =
+              dest.data + static_cast<size_t>(filled - (end - run_start)) * vb;
+          ops.push_back(op);
+          run_start = -1;
+        };
+        int64_t j = j0;
+        for (; j < j1 && filled < spec_.batch_size; ++j) {
+          const int64_t token = sel_.token_begin + j;  // token axis index
+          const int32_t content = static_cast<int32_t>(token - cls);
+          const uint8_t label =
+              content < 0 ? 255
+                          : static_cast<uint8_t>(
+                                label_row[static_cast<size_t>(content)]);
+          if (filter && content >= 0 && exclude_[label]) {
+            flush(j);
+            continue;
+          }
+          if (run_start < 0) run_start = j;
+          const size_t i = static_cast<size_t>(filled);
+          std::memcpy(&out->example_idx[i * 8], &example, 8);
+          std::memcpy(&out->token_idx[i * 4], &content, 4);  // -1 for CLS
+          if (all_layers) {
+            const int64_t value = d.layers[static_cast<size_t>(li)];
+            std::memcpy(&out->layer[i * 8], &value, 8);
+          }
+          if (has_labels) out->labels[i] = static_cast<char>(label);
+          ++filled;
+        }
+        flush(j);
+        g += j - j0;
+      }
+      RETURN_IF_ERROR(ThreadReader().ReadAll(ops));
+    }
+    if (filled > 0 && (filled == spec_.batch_size || !spec_.drop_last)) {
+      SizeBatchMetadata(out, static_cast<size_t>(filled), all_layers,
+                        has_labels);
+      out->epoch = epoch_;
+      out->index = batch_index_;
+      out->rows = filled;
+      next_ = g;
+      ++batch_index_;
+      out->resume_token = ResumeToken();
+      return true;
+    }
+    // The epoch is over (nothing left, or only a short batch to drop).
     ++epoch_;
     next_ = lo_;
     batch_index_ = 0;
   }
-  const DatasetDesc& d = reader_->desc();
-  const int64_t g0 = next_;
-  const int64_t g1 = std::min(hi_, g0 + spec_.batch_size);
-  const int64_t rows = g1 - g0;
-  const uint64_t vb = d.vector_bytes();
-  const int64_t k = sel_.vectors_per_row;
-  const bool all_layers = sel_.layer_index < 0;
-
-  out->epoch = epoch_;
-  out->index = batch_index_;
-  out->rows = rows;
-  out->vectors = Payload(static_cast<size_t>(rows) * vb);
-  out->example_idx.assign(static_cast<size_t>(rows) * 8, '\0');
-  out->token_idx.assign(static_cast<size_t>(rows) * 4, '\0');
-  out->layer.assign(all_layers ? static_cast<size_t>(rows) * 8 : 0, '\0');
-  out->labels.assign(reader_->info().has_labels ? static_cast<size_t>(rows) : 0,
-                     '\0');
-
-  std::vector<ReadOp> ops;
-  std::string label_row(static_cast<size_t>(d.content_tokens), '\0');
-  int64_t label_example = -1;
-  for (int64_t g = g0; g < g1;) {
-    const int64_t row = g / k;
-    const int64_t j0 = g % k;
-    const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
-    const int64_t example = all_layers ? row / d.num_layers() : row;
-    const int64_t li = all_layers ? row % d.num_layers() : sel_.layer_index;
-    ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
-    ReadOp op;
-    op.fd = reader_->shard_fd(loc.shard);
-    op.path = &reader_->shard_path(loc.shard);
-    op.offset = loc.offset + (static_cast<uint64_t>(li) * d.tokens_per_example +
-                              static_cast<uint64_t>(sel_.token_begin + j0)) *
-                                 vb;
-    op.length = static_cast<size_t>(j1 - j0) * vb;
-    op.dest = out->vectors.data() + static_cast<size_t>(g - g0) * vb;
-    ops.push_back(op);
-    if (!out->labels.empty() && label_example != example) {
-      RETURN_IF_ERROR(reader_->ReadLabels(
-          example, reinterpret_cast<uint8_t*>(label_row.data())));
-      label_example = example;
-    }
-    for (int64_t j = j0; j < j1; ++j, ++g) {
-      const size_t i = static_cast<size_t>(g - g0);
-      const int64_t token = sel_.token_begin + j;  // token axis index
-      const int32_t content =
-          static_cast<int32_t>(token - (d.cls_token ? 1 : 0));
-      std::memcpy(&out->example_idx[i * 8], &example, 8);
-      std::memcpy(&out->token_idx[i * 4], &content, 4);  // -1 for CLS
-      if (all_layers) {
-        const int64_t value = d.layers[static_cast<size_t>(li)];
-        std::memcpy(&out->layer[i * 8], &value, 8);
-      }
-      if (!out->labels.empty()) {
-        out->labels[i] = content < 0 ? static_cast<char>(255)
-                                     : label_row[static_cast<size_t>(content)];
-      }
-    }
-  }
-  RETURN_IF_ERROR(ThreadReader().ReadAll(ops));
-  next_ = g1;
-  ++batch_index_;
-  out->resume_token = ResumeToken();
-  return true;
 }
 
 }  // namespace shardcast

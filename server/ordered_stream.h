@@ -9,10 +9,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/reader.h"
-#include "server/query.h"
 
 namespace shardcast {
 
@@ -27,6 +27,23 @@ struct StreamSpec {
   int64_t rank = 0;
   int64_t world_size = 1;
   bool drop_last = false;
+  /// Drop content tokens whose label (labels.bin) is in this set. CLS tokens
+  /// have no label and are never dropped.
+  std::vector<uint8_t> exclude_labels;
+};
+
+/// Checks the fields every stream shares: batch_size >= 1, epochs >= 0,
+/// 0 <= rank < world_size (world_size 0 means 1, and is normalised), labels
+/// to exclude only on a dataset with labels.bin. INVALID_ARGUMENT naming
+/// the field otherwise.
+absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec);
+
+/// Where a batch's vectors go: memory the transport owns (the gRPC payload
+/// today, a shared-memory slot for local clients), written once. Holds at
+/// least batch_size * d_model floats.
+struct VectorDest {
+  char* data = nullptr;
+  size_t capacity = 0;
 };
 
 /// The selected vectors of a dataset as rows (one layer of one example) of
@@ -45,18 +62,23 @@ struct Selection {
                                           const StreamSpec& spec);
 };
 
-/// One batch, ready for the wire.
+/// One batch's metadata, ready for the wire; its vectors (float32 [rows, D])
+/// are in the VectorDest the batch was assembled into.
 struct StreamBatch {
   int64_t epoch = 0;
   int64_t index = 0;
   int64_t rows = 0;
-  Payload vectors;          // float32 [rows, D]
   std::string example_idx;  // int64 LE [rows]
   std::string token_idx;    // int32 LE [rows], -1 = CLS
   std::string layer;        // int64 LE [rows] when all layers, else empty
   std::string labels;       // uint8 [rows] when labels exist (255 = CLS)
   std::string resume_token;
 };
+
+/// Sizes a batch's metadata fields for `rows` vectors: the layer column only
+/// when all layers are selected, labels only when the dataset has them.
+void SizeBatchMetadata(StreamBatch* out, size_t rows, bool all_layers,
+                       bool labels);
 
 /// Not thread-safe: one per stream, used by one worker at a time.
 class OrderedStream {
@@ -67,12 +89,16 @@ class OrderedStream {
       std::shared_ptr<const DatasetReader> reader, std::string dataset_id,
       StreamSpec spec, const std::string& resume_token);
 
-  /// Fills `out` with the next batch; false when every epoch is done.
-  /// DATA_LOSS when a shard turned out short or unreadable.
-  absl::StatusOr<bool> Next(StreamBatch* out);
+  /// Reads the next batch's vectors straight from disk into `dest` and its
+  /// metadata into `out`; false when every epoch is done. DATA_LOSS when a
+  /// shard turned out short or unreadable; INVALID_ARGUMENT when `dest` is
+  /// smaller than a batch.
+  absl::StatusOr<bool> Next(VectorDest dest, StreamBatch* out);
 
-  /// Vectors this client gets per epoch (its partition).
+  /// Vectors this client gets per epoch (its partition), before any label
+  /// filter.
   int64_t vectors_per_epoch() const { return hi_ - lo_; }
+  int64_t batch_size() const { return spec_.batch_size; }
 
  private:
   OrderedStream() = default;
@@ -87,6 +113,7 @@ class OrderedStream {
   int64_t epoch_ = 0;
   int64_t next_ = 0;  // next vector id in the current epoch
   int64_t batch_index_ = 0;
+  bool exclude_[256] = {};  // labels to drop
 };
 
 }  // namespace shardcast

@@ -1,87 +1,114 @@
-// Shuffled streaming for one client: the selection's rows are cut into blocks
-// (a few MiB of consecutive rows, read with large reads), visited in a seeded
-// permutation per epoch; a window of resident blocks forms the shuffle pool,
-// and each vector is drawn uniformly from the pool. Every vector of the
-// client's partition arrives exactly once per epoch; (seed, epoch) fixes the
-// order; a resume token replays the bookkeeping (no reads) to continue.
+// Shuffled streaming for one client: the client's half of the shared scan
+// (server/scan.h). The scan hands the client blocks in scan order; the
+// client keeps a window of `window_blocks` resident blocks and draws each
+// vector uniformly from all vectors still undelivered in the window. It draws
+// only when the window is full (or the epoch has no blocks left to come), so
+// for a client alone on its scan the order is a function of (seed, epoch).
 //
-// The shared scan (several clients, one disk pass) will feed the same window
-// from one block sequence; this class is the per-client half of that design.
+// Exactly once: each block arrives once per epoch; within a block the client
+// keeps the vectors of its partition (vector id g, g mod world_size == rank)
+// that pass the label filter, and delivers each of them once.
+//
+// Resume token (bytes, little-endian): "SCS2", u64 request fingerprint,
+// i64 epoch, i64 batch index, i64 number of blocks, a bitmap of the blocks
+// with vectors still to deliver in the epoch, u32 count of partly delivered
+// blocks, then per such block i64 block, u32 vectors in it, a bitmap of its
+// vectors still to deliver. Resuming delivers exactly the rest of the epoch.
 #ifndef SHARDCAST_SERVER_SHUFFLED_STREAM_H_
 #define SHARDCAST_SERVER_SHUFFLED_STREAM_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/ordered_stream.h"
+#include "server/scan.h"
 
 namespace shardcast {
 
-struct ShuffleOptions {
-  uint64_t block_bytes = 8ull
-                         << 20;  // target bytes of selected vectors per block
-  int64_t window_blocks = 16;    // resident blocks = the shuffle pool
-};
-
-/// Not thread-safe: one per stream, used by one worker at a time.
+/// Not thread-safe: one per stream, driven by one thread at a time.
 class ShuffledStream {
  public:
-  /// INVALID_ARGUMENT for a bad spec or a resume token of another request.
+  /// Validates the spec (INVALID_ARGUMENT naming the field) and the resume
+  /// token (INVALID_ARGUMENT when malformed or issued for another request),
+  /// then subscribes to the selection's shared scan (RESOURCE_EXHAUSTED when
+  /// the reservoir cannot take another stream). `peer` names the client in
+  /// status pages.
   static absl::StatusOr<std::unique_ptr<ShuffledStream>> Create(
-      std::shared_ptr<const DatasetReader> reader, std::string dataset_id,
-      StreamSpec spec, uint64_t seed, ShuffleOptions options,
-      const std::string& resume_token);
+      ScanRegistry* registry, std::shared_ptr<const DatasetReader> reader,
+      std::string dataset_id, StreamSpec spec, uint64_t seed,
+      const std::string& resume_token, std::string peer = "");
+  /// Unsubscribes: the scan lets go of this client's blocks at once.
+  ~ShuffledStream();
 
-  /// Fills the next batch; false when every epoch is done. DATA_LOSS when a
-  /// shard turned out short or unreadable.
-  absl::StatusOr<bool> Next(StreamBatch* out);
+  enum class Fill {
+    kBatch,    // `out` and the destination hold a complete batch
+    kPending,  // waiting for blocks: `waker` will be called
+    kEnd,      // every requested epoch is done
+  };
 
-  /// Vectors this client gets per epoch (its partition).
+  /// Assembles the next batch: vectors into `dest` (written once, straight
+  /// from the reservoir), metadata into `out`. On kPending the batch is
+  /// partly assembled; call again with the same `dest` after `waker` runs.
+  /// `waker` may run on another thread, even before Next returns, and is
+  /// called with the scan's lock held: it must only schedule work.
+  /// DATA_LOSS when a block could not be read (naming the file).
+  absl::StatusOr<Fill> Next(VectorDest dest, StreamBatch* out,
+                            std::function<void()> waker);
+
+  /// Vectors this client gets per epoch; -1 with a label filter (unknown
+  /// until the labels are read).
   int64_t vectors_per_epoch() const { return per_epoch_; }
+  const BlockLayout& layout() const { return layout_; }
 
  private:
-  struct Slot {
-    int64_t block = -1;
+  struct Active {
+    BlockRef block;
     int64_t remaining = 0;
-    std::vector<char> data;  // selected vectors of the block's rows
-    std::string labels;      // content labels of the block's examples
   };
   struct Entry {
-    uint32_t slot;
-    uint32_t local;  // vector index within the block's selection
+    uint32_t slot;   // index into active_
+    uint32_t local;  // vector index within the block
   };
+  enum class Draw { kReady, kPending, kExhausted };
 
   ShuffledStream() = default;
-  void StartEpoch();
-  absl::Status Refill();
-  absl::Status LoadBlock(int64_t block, Slot* slot, bool read);
-  absl::Status ReadSlot(Slot* slot);
-  uint64_t NextRandom();
+  absl::Status ParseToken(const std::string& token, BlockSet* needed);
   std::string ResumeToken() const;
+  absl::StatusOr<Draw> EnsureDrawable(const std::function<void()>& waker);
+  void Activate(BlockRef block);
+  void DrawInto(VectorDest dest, StreamBatch* out, int64_t i);
+  void StartEpoch(int64_t epoch, int64_t batch_index);
 
+  std::unique_ptr<ScanRegistry::Subscription> sub_;
   std::shared_ptr<const DatasetReader> reader_;
   StreamSpec spec_;
-  ShuffleOptions options_;
-  Selection sel_;
+  BlockLayout layout_;
   uint64_t seed_ = 0;
   uint64_t fingerprint_ = 0;
-  int64_t rows_per_block_ = 1;
-  int64_t num_blocks_ = 0;
   int64_t per_epoch_ = 0;
-  bool dry_ = false;  // replaying a resume token: bookkeeping only
+  int64_t window_ = 1;
+  bool exclude_[256] = {};
+  bool filter_ = false;
 
   int64_t epoch_ = 0;
   int64_t batch_index_ = 0;
-  int64_t delivered_ = 0;       // vectors of this epoch already delivered
-  std::vector<int64_t> order_;  // block permutation of this epoch
-  size_t next_block_ = 0;       // position in order_
-  std::vector<Slot> slots_;
+  bool delivered_all_ = false;  // the scan has handed over the whole epoch
+  std::vector<Active> active_;
   std::vector<uint32_t> free_slots_;
+  int64_t active_count_ = 0;
   std::vector<Entry> pool_;
+  /// Blocks of this epoch that a resume token says are partly delivered:
+  /// block -> bitmap of the vectors still to deliver.
+  std::map<int64_t, std::string> partial_;
   uint64_t rng_ = 0;
+
+  bool in_batch_ = false;  // a batch is partly assembled
+  int64_t filled_ = 0;
 };
 
 }  // namespace shardcast

@@ -1,0 +1,627 @@
+#include "server/scan.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/synth.h"
+#include "server/log.h"
+
+namespace shardcast {
+
+// ---------------------------------------------------------------- BlockSet
+
+BlockSet::BlockSet(int64_t n, bool full)
+    : n_(n), count_(0), words_(static_cast<size_t>((n + 63) / 64), 0) {
+  if (full) {
+    for (int64_t b = 0; b < n; ++b) Set(b);
+  }
+}
+
+void BlockSet::Set(int64_t b) {
+  uint64_t& w = words_[static_cast<size_t>(b >> 6)];
+  const uint64_t bit = uint64_t{1} << (b & 63);
+  if ((w & bit) == 0) {
+    w |= bit;
+    ++count_;
+  }
+}
+
+void BlockSet::Clear(int64_t b) {
+  uint64_t& w = words_[static_cast<size_t>(b >> 6)];
+  const uint64_t bit = uint64_t{1} << (b & 63);
+  if ((w & bit) != 0) {
+    w &= ~bit;
+    --count_;
+  }
+}
+
+std::string BlockSet::ToBytes() const {
+  std::string out(static_cast<size_t>((n_ + 7) / 8), '\0');
+  for (int64_t b = 0; b < n_; ++b) {
+    if (Has(b))
+      out[static_cast<size_t>(b / 8)] |= static_cast<char>(1 << (b % 8));
+  }
+  return out;
+}
+
+absl::StatusOr<BlockSet> BlockSet::FromBytes(int64_t n,
+                                             absl::string_view bytes) {
+  if (static_cast<int64_t>(bytes.size()) != (n + 7) / 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bitmap of ", bytes.size(), " bytes for ", n, " entries"));
+  }
+  BlockSet s(n);
+  for (int64_t i = 0; i < static_cast<int64_t>(bytes.size()) * 8; ++i) {
+    if ((static_cast<uint8_t>(bytes[static_cast<size_t>(i / 8)]) >> (i % 8)) &
+        1) {
+      if (i >= n) {
+        return absl::InvalidArgumentError("bitmap has bits past its end");
+      }
+      s.Set(i);
+    }
+  }
+  return s;
+}
+
+// ------------------------------------------------------------- BlockLayout
+
+absl::StatusOr<BlockLayout> BlockLayout::Make(const DatasetDesc& d,
+                                              const Selection& sel,
+                                              uint64_t block_bytes) {
+  BlockLayout l;
+  l.sel = sel;
+  l.vector_bytes = d.vector_bytes();
+  l.vectors_per_block = static_cast<int64_t>(block_bytes / l.vector_bytes);
+  if (l.vectors_per_block < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "one vector (d_model ", d.d_model, " x 4 = ", l.vector_bytes,
+        " bytes) does not fit in a block of ", block_bytes,
+        " bytes; raise --block-bytes"));
+  }
+  const int64_t v = sel.num_vectors();
+  l.num_blocks = (v + l.vectors_per_block - 1) / l.vectors_per_block;
+  return l;
+}
+
+Block::~Block() {
+  if (reservoir != nullptr && slot >= 0) reservoir->Release(slot);
+}
+
+// -------------------------------------------------------------- SharedScan
+
+SharedScan::SharedScan(std::shared_ptr<const DatasetReader> reader,
+                       std::string dataset, BlockLayout layout,
+                       ScanOptions options, Reservoir* reservoir,
+                       ReadEngine* engine, std::vector<UniqueFd> fds,
+                       bool direct, uint64_t seed, int64_t first_cycle)
+    : reader_(std::move(reader)),
+      dataset_(std::move(dataset)),
+      layout_(std::move(layout)),
+      options_(options),
+      reservoir_(reservoir),
+      engine_(engine),
+      fds_(std::move(fds)),
+      direct_(direct),
+      seed_(seed),
+      labels_path_(reader_->labels_path()) {
+  MutexLock lock(&mu_);
+  need_count_.assign(static_cast<size_t>(layout_.num_blocks), 0);
+  cycle_ = first_cycle;
+  NewCycle();
+}
+
+SharedScan::~SharedScan() = default;
+
+void SharedScan::NewCycle() {
+  // Fisher-Yates with SplitMix64, seeded by (seed, cycle): the permutation
+  // of a cycle is a pure function of the two.
+  order_.resize(static_cast<size_t>(layout_.num_blocks));
+  std::iota(order_.begin(), order_.end(), 0);
+  uint64_t state = seed_ ^ SplitMix64(static_cast<uint64_t>(cycle_) + 1);
+  for (size_t i = order_.size(); i > 1; --i) {
+    state += 0x9E3779B97F4A7C15ULL;
+    const size_t j = static_cast<size_t>(
+        (static_cast<unsigned __int128>(SplitMix64(state)) * i) >> 64);
+    std::swap(order_[i - 1], order_[j]);
+  }
+  position_ = 0;
+}
+
+BlockSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
+  // The blocks holding at least one vector of the subscriber's partition
+  // (g mod world_size == rank).
+  BlockSet s(layout_.num_blocks);
+  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+    const int64_t first = layout_.first_vector(b);
+    const int64_t n = layout_.vectors(b);
+    const int64_t offset =
+        ((spec.rank - first) % spec.world_size + spec.world_size) %
+        spec.world_size;
+    if (offset < n) s.Set(b);
+  }
+  return s;
+}
+
+void SharedScan::Need(Subscriber& s, BlockSet blocks) {
+  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+    if (blocks.Has(b)) ++need_count_[static_cast<size_t>(b)];
+  }
+  total_need_ += blocks.count();
+  s.needed = std::move(blocks);
+}
+
+void SharedScan::Unneed(Subscriber& s, int64_t block) {
+  if (!s.needed.Has(block)) return;
+  s.needed.Clear(block);
+  --need_count_[static_cast<size_t>(block)];
+  --total_need_;
+}
+
+void SharedScan::DropNeeds(Subscriber& s) {
+  for (int64_t b = 0; b < layout_.num_blocks && s.needed.count() > 0; ++b) {
+    Unneed(s, b);
+  }
+}
+
+void SharedScan::Arm(Subscriber& s) {
+  if (s.spec.epochs != 0 && s.deliver_epoch + 1 >= s.spec.epochs) return;
+  ++s.deliver_epoch;
+  Need(s, s.base);
+}
+
+bool SharedScan::Starving(const Subscriber& s) const {
+  // Its client is blocked waiting for a block that has not been read: the
+  // only case in which waiting for a laggard holds someone back.
+  return s.error.ok() && s.waker != nullptr && s.queue.empty() &&
+         s.needed.count() > 0;
+}
+
+void SharedScan::Wake(Subscriber& s) {
+  if (s.waker) {
+    std::function<void()> w = std::move(s.waker);
+    s.waker = nullptr;
+    w();
+  }
+}
+
+uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
+  uint64_t id;
+  {
+    MutexLock lock(&mu_);
+    id = next_id_++;
+    Subscriber& s = subs_[id];
+    if (spec.world_size < 1) spec.world_size = 1;
+    s.base = BaseSet(spec);
+    s.deliver_epoch = spec.epoch;
+    BlockSet needed = s.base;
+    if (spec.needed.has_value()) {
+      needed = BlockSet(layout_.num_blocks);
+      for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+        if (spec.needed->Has(b) && s.base.Has(b)) needed.Set(b);
+      }
+    }
+    s.spec = std::move(spec);
+    s.spec.needed.reset();
+    Need(s, std::move(needed));
+    ClaimResident(s);
+    if (s.needed.count() == 0) Arm(s);
+  }
+  engine_->Wake();
+  return id;
+}
+
+void SharedScan::ClaimResident(Subscriber& s) {
+  const size_t lag = static_cast<size_t>(options_.lag_blocks);
+  for (auto it = resident_.begin(); it != resident_.end();) {
+    std::shared_ptr<Block> data = it->second.data.lock();
+    auto pending = pending_.find(it->first);
+    if (data == nullptr && pending == pending_.end()) {
+      it = resident_.erase(it);  // nobody holds it any more
+      continue;
+    }
+    const int64_t b = it->second.block;
+    if (s.queue.size() < lag && s.needed.Has(b)) {
+      Unneed(s, b);
+      s.queue.push_back({it->first, b, s.deliver_epoch, data});
+      ++s.delivered;
+    }
+    ++it;
+  }
+}
+
+void SharedScan::Unsubscribe(uint64_t id) {
+  {
+    MutexLock lock(&mu_);
+    auto it = subs_.find(id);
+    if (it == subs_.end()) return;
+    LogInfo("scan of ", dataset_, ": client ", it->second.spec.peer,
+            " left (epoch ", it->second.deliver_epoch, ", ",
+            it->second.delivered, " blocks delivered, ", it->second.skipped,
+            " deferred by the lag bound); scan has read ", blocks_read_,
+            " blocks, ", bytes_read_, " bytes");
+    DropNeeds(it->second);
+    subs_.erase(it);  // drops its queued blocks
+  }
+  engine_->Wake();
+}
+
+int64_t SharedScan::subscribers() const {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(subs_.size());
+}
+
+absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
+                                           std::function<void()> waker) {
+  Take t;
+  {
+    MutexLock lock(&mu_);
+    auto it = subs_.find(id);
+    if (it == subs_.end()) {
+      return absl::InternalError("stream is not subscribed to its scan");
+    }
+    Subscriber& s = it->second;
+    if (!s.error.ok()) return s.error;
+    s.waker = nullptr;
+    if (!s.queue.empty() && s.queue.front().epoch < epoch) {
+      return absl::InternalError(
+          "stream moved past an epoch with blocks queued");
+    }
+    if (!s.queue.empty() && s.queue.front().epoch == epoch &&
+        s.queue.front().data != nullptr) {
+      t.kind = Take::kBlock;  // the queue has room again: wake the engine
+      t.block = std::move(s.queue.front().data);
+      s.queue.pop_front();
+    } else if ((s.queue.empty() || s.queue.front().epoch > epoch) &&
+               (s.deliver_epoch > epoch || s.needed.count() == 0)) {
+      t.kind = Take::kDelivered;
+      return t;
+    } else {
+      // Being read, or not read yet. Waiting may make this subscriber
+      // starving, which the engine must know to skip a laggard.
+      s.waker = std::move(waker);
+    }
+  }
+  engine_->Wake();
+  return t;
+}
+
+BlockSet SharedScan::Untaken(uint64_t id, int64_t epoch) const {
+  MutexLock lock(&mu_);
+  BlockSet out(layout_.num_blocks);
+  auto it = subs_.find(id);
+  if (it == subs_.end()) return out;
+  const Subscriber& s = it->second;
+  if (s.deliver_epoch == epoch) out = s.needed;
+  for (const Queued& q : s.queue) {
+    if (q.epoch == epoch) out.Set(q.block);
+  }
+  return out;
+}
+
+void SharedScan::AddDelivered(uint64_t id, uint64_t bytes) {
+  MutexLock lock(&mu_);
+  auto it = subs_.find(id);
+  if (it != subs_.end()) it->second.bytes += bytes;
+}
+
+std::unique_ptr<BlockRead> SharedScan::NextRead() {
+  MutexLock lock(&mu_);
+  if (subs_.empty()) return nullptr;
+  const size_t lag = static_cast<size_t>(options_.lag_blocks);
+  // Bounded: a starving subscriber needs some block, which it can take, so
+  // one full cycle always finds a block to read or a reason to wait.
+  for (int64_t steps = 0; steps <= 2 * layout_.num_blocks + 1; ++steps) {
+    if (total_need_ == 0) return nullptr;
+    if (position_ >= layout_.num_blocks) {
+      ++cycle_;
+      NewCycle();
+    }
+    const int64_t b = order_[static_cast<size_t>(position_)];
+    if (need_count_[static_cast<size_t>(b)] == 0) {
+      ++position_;
+      continue;
+    }
+    bool all_room = true, any_room = false;
+    for (const auto& [id, s] : subs_) {
+      if (!s.needed.Has(b)) continue;
+      const bool room = s.queue.size() < lag;
+      all_room = all_room && room;
+      any_room = any_room || room;
+    }
+    if (!all_room) {
+      // Someone who needs this block is a full lag bound behind. Wait for
+      // it, unless another subscriber is starving: then leave the laggard
+      // to a later cycle.
+      bool starving = false;
+      for (const auto& [id, s] : subs_) starving = starving || Starving(s);
+      if (!starving) return nullptr;
+      if (!any_room) {
+        for (auto& [id, s] : subs_) {
+          if (s.needed.Has(b)) ++s.skipped;
+        }
+        ++position_;
+        continue;
+      }
+    }
+    const std::optional<int32_t> slot = reservoir_->TryAcquire();
+    if (!slot.has_value()) return nullptr;  // a release wakes the engine
+    ++position_;
+    const uint64_t read_id = next_read_id_++;
+    std::shared_ptr<Block> block;
+    std::unique_ptr<BlockRead> read = MakeRead(b, *slot, &block);
+    read->tag = read_id;
+    if (static_cast<int64_t>(resident_.size()) > 2 * reservoir_->num_slots()) {
+      for (auto it = resident_.begin(); it != resident_.end();) {
+        it = it->second.data.expired() && pending_.count(it->first) == 0
+                 ? resident_.erase(it)
+                 : std::next(it);
+      }
+    }
+    resident_[read_id] = {b, block};
+    pending_[read_id] = std::move(block);
+    for (auto& [id, s] : subs_) {
+      if (!s.needed.Has(b)) continue;
+      if (s.queue.size() >= lag) {
+        ++s.skipped;
+        continue;
+      }
+      Unneed(s, b);
+      s.queue.push_back({read_id, b, s.deliver_epoch, nullptr});
+      ++s.delivered;
+      if (s.needed.count() == 0) Arm(s);
+    }
+    return read;
+  }
+  LogError("scan of ", dataset_, ": no block to read although ", total_need_,
+           " are needed (bug); waiting");
+  return nullptr;
+}
+
+std::unique_ptr<BlockRead> SharedScan::MakeRead(
+    int64_t b, int32_t slot, std::shared_ptr<Block>* out) const {
+  const DatasetDesc& d = reader_->desc();
+  const Selection& sel = layout_.sel;
+  auto block = std::make_shared<Block>();
+  block->id = b;
+  block->first_vector = layout_.first_vector(b);
+  block->vectors = layout_.vectors(b);
+  block->data = reservoir_->slot_data(slot);
+  block->reservoir = reservoir_;
+  block->slot = slot;
+  auto read = std::make_unique<BlockRead>();
+  read->slot = slot;
+  const uint64_t vb = layout_.vector_bytes;
+  const int64_t k = sel.vectors_per_row;
+  const bool all_layers = sel.layer_index < 0;
+  const int64_t g0 = block->first_vector, g1 = g0 + block->vectors;
+  int64_t first_example = -1, last_example = -1;
+  for (int64_t g = g0; g < g1;) {
+    const int64_t row = g / k;
+    const int64_t j0 = g % k;
+    const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
+    const int64_t example = all_layers ? row / d.num_layers() : row;
+    const int64_t li = all_layers ? row % d.num_layers() : sel.layer_index;
+    if (first_example < 0) first_example = example;
+    last_example = example;
+    const int64_t shard = example / d.examples_per_shard;
+    const uint64_t offset =
+        static_cast<uint64_t>(example % d.examples_per_shard) *
+            d.example_bytes() +
+        (static_cast<uint64_t>(li) * d.tokens_per_example +
+         static_cast<uint64_t>(sel.token_begin + j0)) *
+            vb;
+    ReadOp r;
+    r.fd = fds_[static_cast<size_t>(shard)].get();
+    r.offset = offset;
+    r.length = static_cast<size_t>(j1 - j0) * vb;
+    r.dest = block->data + static_cast<size_t>(g - g0) * vb;
+    r.path = &reader_->shard_path(shard);
+    ReadOp* prev = read->ranges.empty() ? nullptr : &read->ranges.back();
+    if (prev != nullptr && prev->fd == r.fd &&
+        prev->offset + prev->length == r.offset &&
+        static_cast<char*>(prev->dest) + prev->length == r.dest) {
+      prev->length += r.length;  // adjacent on disk and in the slot
+    } else {
+      read->ranges.push_back(r);
+    }
+    g += j1 - j0;
+  }
+  if (reader_->info().has_labels && first_example >= 0) {
+    const uint64_t c = static_cast<uint64_t>(d.content_tokens);
+    block->first_example = first_example;
+    block->labels.resize(static_cast<size_t>(last_example - first_example + 1) *
+                         c);
+    if (!block->labels.empty()) {
+      ReadOp r;
+      r.fd = reader_->labels_fd();
+      r.offset = static_cast<uint64_t>(first_example) * c;
+      r.length = block->labels.size();
+      r.dest = block->labels.data();
+      r.path = &labels_path_;
+      read->ranges.push_back(r);
+    }
+  }
+  *out = std::move(block);
+  return read;
+}
+
+void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,
+                          absl::Status status) {
+  std::shared_ptr<Block> block;  // released after the lock, if unclaimed
+  MutexLock lock(&mu_);
+  auto it = pending_.find(read->tag);
+  if (it == pending_.end()) return;
+  block = std::move(it->second);
+  pending_.erase(it);
+  if (status.ok()) {
+    ++blocks_read_;
+    bytes_read_ += read->bytes;
+  } else {
+    LogWarning("scan of ", dataset_, ": block ", block->id,
+               " failed: ", status.ToString());
+  }
+  for (auto& [id, s] : subs_) {
+    for (Queued& q : s.queue) {
+      if (q.read_id != read->tag) continue;
+      if (status.ok()) {
+        q.data = block;
+      } else if (s.error.ok()) {
+        s.error = status;
+      }
+    }
+    if (!s.error.ok()) {
+      DropNeeds(s);
+      s.queue.clear();
+      Wake(s);
+    } else if (!s.queue.empty() && s.queue.front().data != nullptr) {
+      Wake(s);
+    }
+  }
+}
+
+ScanStatus SharedScan::Status() const {
+  MutexLock lock(&mu_);
+  ScanStatus st;
+  st.dataset = dataset_;
+  const Selection& sel = layout_.sel;
+  const DatasetDesc& d = reader_->desc();
+  st.selection = absl::StrCat(
+      sel.layer_index < 0
+          ? std::string("all layers")
+          : absl::StrCat("layer ",
+                         d.layers[static_cast<size_t>(sel.layer_index)]),
+      ", ",
+      sel.vectors_per_row == 1 && d.cls_token && sel.token_begin == 0
+          ? "CLS token"
+      : sel.vectors_per_row == d.tokens_per_example ? "all tokens"
+                                                    : "content tokens");
+  st.num_blocks = layout_.num_blocks;
+  st.cycle = cycle_;
+  st.position = position_;
+  st.blocks_read = blocks_read_;
+  st.bytes_read = bytes_read_;
+  for (const auto& [id, s] : subs_) {
+    SubscriberStatus ss;
+    ss.id = id;
+    ss.peer = s.spec.peer;
+    ss.rank = s.spec.rank;
+    ss.world_size = s.spec.world_size;
+    ss.epoch = s.deliver_epoch;
+    ss.queued = static_cast<int64_t>(s.queue.size());
+    ss.blocks_needed = s.needed.count();
+    ss.blocks_delivered = s.delivered;
+    ss.blocks_skipped = s.skipped;
+    ss.bytes_delivered = s.bytes;
+    st.subscribers.push_back(std::move(ss));
+  }
+  return st;
+}
+
+// ------------------------------------------------------------ ScanRegistry
+
+ScanRegistry::Subscription::~Subscription() {
+  if (registry_ != nullptr) registry_->Leave(this);
+}
+
+absl::StatusOr<BlockLayout> ScanRegistry::Layout(const DatasetDesc& d,
+                                                 const StreamSpec& spec) const {
+  ASSIGN_OR_RETURN(Selection sel, Selection::Create(d, spec));
+  return BlockLayout::Make(d, sel, reservoir_->slot_bytes());
+}
+
+absl::StatusOr<std::unique_ptr<ScanRegistry::Subscription>>
+ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
+                        const std::string& dataset, const StreamSpec& spec,
+                        uint64_t seed, SubscriberSpec sub) {
+  ASSIGN_OR_RETURN(BlockLayout layout, Layout(reader->desc(), spec));
+  const int64_t slots = options_.window_blocks + options_.lag_blocks;
+  RETURN_IF_ERROR(reservoir_->Reserve(
+      slots, absl::StrCat("shuffle window ", options_.window_blocks,
+                          " + lag bound ", options_.lag_blocks)));
+  auto subscription = std::make_unique<Subscription>();
+  const std::string key =
+      absl::StrCat(reinterpret_cast<uintptr_t>(reader.get()), "|",
+                   spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all",
+                   "|", static_cast<int>(spec.tokens));
+  MutexLock lock(&mu_);
+  auto it = scans_.find(key);
+  if (it == scans_.end()) {
+    // O_DIRECT needs every offset, length and buffer 4 KiB-aligned: true
+    // when a vector is a multiple of 4 KiB and so is a slot.
+    const bool direct = options_.direct_io && layout.vector_bytes % 4096 == 0 &&
+                        reservoir_->slot_bytes() % 4096 == 0;
+    if (options_.direct_io && !direct) {
+      LogInfo("scan of ", dataset, ": reading without O_DIRECT (vectors of ",
+              layout.vector_bytes, " bytes or blocks of ",
+              reservoir_->slot_bytes(), " bytes are not 4 KiB multiples)");
+    }
+    // The scan's own descriptors of the same inodes (via /proc/self/fd, so
+    // a file replaced on disk since the catalog opened it is not picked up):
+    // its hints and O_DIRECT do not touch the query path's descriptors.
+    std::vector<UniqueFd> fds;
+    const DatasetReader& r = *reader;
+    for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
+      if (r.shard_fd(s) < 0) {
+        fds.emplace_back();
+        continue;
+      }
+      auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
+                         O_RDONLY | (direct ? O_DIRECT : 0));
+      if (!fd.ok()) {
+        reservoir_->Unreserve(slots);
+        return Annotate(fd.status(), r.shard_path(s));
+      }
+      if (!direct) ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+      fds.push_back(std::move(*fd));
+    }
+    auto scan = std::make_shared<SharedScan>(
+        std::move(reader), dataset, std::move(layout), options_, reservoir_,
+        engine_, std::move(fds), direct, seed, sub.epoch);
+    it = scans_.emplace(key, scan).first;
+    engine_->Add(scan);
+    LogInfo("scan of ", dataset, " (", scan->Status().selection,
+            ") started: ", scan->layout().num_blocks, " blocks of ",
+            scan->layout().vectors_per_block, " vectors",
+            direct ? ", O_DIRECT" : "");
+  }
+  subscription->registry_ = this;
+  subscription->scan_ = it->second;
+  subscription->id_ = it->second->Subscribe(std::move(sub));
+  return subscription;
+}
+
+void ScanRegistry::Leave(Subscription* s) {
+  {
+    MutexLock lock(&mu_);
+    s->scan_->Unsubscribe(s->id_);
+    if (s->scan_->subscribers() == 0) {
+      for (auto it = scans_.begin(); it != scans_.end(); ++it) {
+        if (it->second == s->scan_) {
+          engine_->Remove(it->second.get());
+          LogInfo("scan of ", it->second->Status().dataset,
+                  " ended: no clients left");
+          scans_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+  reservoir_->Unreserve(options_.window_blocks + options_.lag_blocks);
+}
+
+std::vector<ScanStatus> ScanRegistry::Status() const {
+  std::vector<std::shared_ptr<SharedScan>> scans;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, scan] : scans_) scans.push_back(scan);
+  }
+  std::vector<ScanStatus> out;
+  for (const auto& scan : scans) out.push_back(scan->Status());
+  return out;
+}
+
+}  // namespace shardcast
