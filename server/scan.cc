@@ -207,8 +207,8 @@ uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
     s.spec = std::move(spec);
     s.spec.needed.reset();
     Need(s, std::move(needed));
-    ClaimResident(s);
     if (s.needed.count() == 0) Arm(s);
+    ClaimResident(s);
   }
   engine_->Wake();
   return id;
@@ -217,17 +217,21 @@ uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
 void SharedScan::ClaimResident(Subscriber& s) {
   const size_t lag = static_cast<size_t>(options_.lag_blocks);
   for (auto it = resident_.begin(); it != resident_.end();) {
-    std::shared_ptr<Block> data = it->second.data.lock();
-    auto pending = pending_.find(it->first);
-    if (data == nullptr && pending == pending_.end()) {
+    const bool reading = pending_.count(it->first) != 0;
+    // A block being read exists already but must not be handed out before
+    // ReadDone: queue it as pending, like the subscribers it was issued for.
+    std::shared_ptr<Block> data = reading ? nullptr : it->second.data.lock();
+    if (!reading && data == nullptr) {
       it = resident_.erase(it);  // nobody holds it any more
       continue;
     }
     const int64_t b = it->second.block;
     if (s.queue.size() < lag && s.needed.Has(b)) {
       Unneed(s, b);
-      s.queue.push_back({it->first, b, s.deliver_epoch, data});
+      s.queue.push_back({it->first, b, s.deliver_epoch, std::move(data)});
       ++s.delivered;
+      // Blocks issued later may already be the next epoch's for the others.
+      if (s.needed.count() == 0) Arm(s);
     }
     ++it;
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -36,6 +37,11 @@ struct Row {
     return example == o.example && token == o.token && layer == o.layer;
   }
 };
+
+inline void PrintTo(const Row& r, std::ostream* os) {
+  *os << "(example " << r.example << ", layer " << r.layer << ", token "
+      << r.token << ")";
+}
 
 inline uint8_t LabelOf(const Row& r) {
   return r.token < 0 ? 255 : SynthLabel(kSeed, r.example * kP + r.token);
