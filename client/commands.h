@@ -28,11 +28,23 @@ struct Command {
 /// verify, get).
 std::vector<Command> LocalCommands();
 
-/// Commands that talk to a daemon (ls, info, get, status); `address` and
-/// `options` come from the global --server/--tls-* options.
+/// Commands that talk to a daemon (ls, info, get, stream, bench, status);
+/// `address` and `options` come from the global --server/--tls-* options.
 struct ClientOptions;
 std::vector<Command> RemoteCommands();
 void SetRemoteTarget(const std::string& address, const ClientOptions& options);
+/// The target SetRemoteTarget recorded (bench passes it to its clients).
+const std::string& RemoteAddress();
+const ClientOptions& RemoteOptions();
+
+/// The `stream` options that shape what is streamed (selection, order,
+/// partition, batches, label filter, --max-batches, --check); `bench` passes
+/// them on to its clients.
+std::vector<OptionSpec> StreamRequestOptions();
+
+/// `bench`: N concurrent `stream` clients against the daemon, with the
+/// daemon's counters and fio on the same files (bench_command.cc).
+Command BenchCommand();
 
 /// Prints vectors as `get` does: rows < 0 means one vector of d floats;
 /// otherwise a [rows, d] matrix. JSON arrays with --json, raw little-endian

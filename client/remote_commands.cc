@@ -1,4 +1,9 @@
-// Commands that talk to shardcastd: ls, info, get, status.
+// Commands that talk to shardcastd: ls, info, get, stream, status (bench is
+// in bench_command.cc).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -9,7 +14,10 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/commands.h"
+#include "client/stream_check_internal.h"
+#include "common/file.h"
 #include "common/pyjson.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {
@@ -122,12 +130,42 @@ int RunGet(const Args& args) {
                       args.Has("json"), args.Has("raw"));
 }
 
-int RunStream(const Args& args) {
-  const char* cmd = "stream";
-  if (args.positional().size() != 1) {
-    std::fprintf(stderr, "shardcast stream: expected one dataset ID\n");
-    return kExitUsage;
+// Reads a resume token written by --resume-token-out.
+absl::StatusOr<std::string> ReadResumeToken(const std::string& path) {
+  absl::StatusOr<std::string> token = ReadFileToString(path, 64 << 20);
+  if (!token.ok()) {
+    return Annotate(token.status(), absl::StrCat("--resume-token-in ", path));
   }
+  if (token->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume-token-in ", path,
+        " is empty (a resume token is the bytes --resume-token-out wrote)"));
+  }
+  return token;
+}
+
+// Replaces `path` with `bytes` (temporary file, fsync, rename), so an
+// interrupted write never leaves half a token.
+absl::Status WriteResumeToken(const std::string& path,
+                              const std::string& bytes) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  {
+    ASSIGN_OR_RETURN(UniqueFd fd,
+                     OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    RETURN_IF_ERROR(WriteFull(fd.get(), bytes.data(), bytes.size(), tmp));
+    RETURN_IF_ERROR(Fsync(fd.get(), tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoToStatus(err, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Builds the StreamRequest from `stream`'s options; a usage message
+// otherwise.
+absl::StatusOr<v1::StreamRequest> StreamRequestFromArgs(const Args& args) {
   v1::StreamRequest req;
   req.set_dataset(args.positional()[0]);
   auto batch = args.GetInt("batch-size", 4096);
@@ -136,13 +174,20 @@ int RunStream(const Args& args) {
   auto world = args.GetInt("world-size", 1);
   auto seed = args.GetInt("seed", 0);
   auto layer = args.GetInt("layer", 0);
+  auto exclude = args.GetIntList("exclude-labels", "");
   for (const absl::Status& s :
        {batch.status(), epochs.status(), rank.status(), world.status(),
         seed.status(), layer.status()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "shardcast stream: %s\n",
-                   std::string(s.message()).c_str());
-      return kExitUsage;
+    RETURN_IF_ERROR(s);
+  }
+  if (args.Has("exclude-labels")) {
+    RETURN_IF_ERROR(exclude.status());
+    for (int64_t l : *exclude) {
+      if (l < 0 || l > 255) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--exclude-labels: ", l, " is not a uint8 label (0-255)"));
+      }
+      req.add_exclude_labels(static_cast<uint32_t>(l));
     }
   }
   if (args.Has("layer")) req.set_layer(*layer);
@@ -154,15 +199,11 @@ int RunStream(const Args& args) {
   } else if (tokens == "all") {
     req.set_tokens(v1::TOKENS_ALL);
   } else {
-    std::fprintf(stderr,
-                 "shardcast stream: --tokens takes content, special or all\n");
-    return kExitUsage;
+    return absl::InvalidArgumentError("--tokens takes content, special or all");
   }
   const std::string order = args.Get("order", "ordered");
   if (order != "ordered" && order != "shuffled") {
-    std::fprintf(stderr,
-                 "shardcast stream: --order takes ordered or shuffled\n");
-    return kExitUsage;
+    return absl::InvalidArgumentError("--order takes ordered or shuffled");
   }
   req.set_order(order == "ordered" ? v1::ORDER_ORDERED : v1::ORDER_SHUFFLED);
   req.set_batch_size(*batch);
@@ -171,79 +212,120 @@ int RunStream(const Args& args) {
   req.set_world_size(*world);
   req.set_seed(static_cast<uint64_t>(*seed));
   req.set_drop_last(args.Has("drop-last"));
+  return req;
+}
+
+int RunStream(const Args& args) {
+  const char* cmd = "stream";
+  if (args.positional().size() != 1) {
+    std::fprintf(stderr, "shardcast stream: expected one dataset ID\n");
+    return kExitUsage;
+  }
+  absl::StatusOr<v1::StreamRequest> parsed = StreamRequestFromArgs(args);
+  auto max_batches = args.GetInt("max-batches", 0);
+  if (parsed.ok() && !max_batches.ok()) parsed = max_batches.status();
+  if (parsed.ok() && args.Has("max-batches") && *max_batches < 1) {
+    parsed = absl::InvalidArgumentError("--max-batches must be >= 1");
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "shardcast stream: %s\n",
+                 std::string(parsed.status().message()).c_str());
+    return kExitUsage;
+  }
+  v1::StreamRequest& req = *parsed;
+  if (args.Has("resume-token-in")) {
+    auto token = ReadResumeToken(args.Get("resume-token-in"));
+    if (!token.ok()) return Fail(cmd, std::string(token.status().message()));
+    req.set_resume_token(std::move(*token));
+  }
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
-  // --check: the daemon's description gives the selection's size, so the
-  // CLI can tell whether every selected vector arrived exactly once.
-  auto info = (*client)->DescribeDataset(req.dataset());
-  if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
   const bool check = args.Has("check");
-  const int64_t T = info->tokens_per_example();
-  const int64_t L = args.Has("layer") ? 1 : info->layers_size();
-  std::vector<uint8_t> seen;  // per (epoch-local) example, layer, token
-  if (check) seen.assign(static_cast<size_t>(info->n_examples() * L * T), 0);
-  int64_t duplicates = 0, batches = 0, vectors = 0, current_epoch = -1;
+  std::unique_ptr<StreamChecker> checker;
+  if (check) {
+    // The expected selection comes from the dataset's description and the
+    // protocol's rules, not from the stream itself.
+    auto info = (*client)->DescribeDataset(req.dataset());
+    if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
+    auto created = StreamChecker::Create(client->get(), req, *info);
+    if (!created.ok()) {
+      return Fail(cmd, std::string(created.status().message()));
+    }
+    checker = std::move(*created);
+  }
+  if (args.Has("start-sync")) {
+    // bench: say we are connected, then wait until every client is.
+    auto fds = args.GetIntList("start-sync", "");
+    if (!fds.ok() || fds->size() != 2) {
+      std::fprintf(stderr,
+                   "shardcast stream: --start-sync takes READY_FD,GO_FD\n");
+      return kExitUsage;
+    }
+    const int ready = static_cast<int>((*fds)[0]);
+    const int go = static_cast<int>((*fds)[1]);
+    ssize_t n;
+    do {
+      n = ::write(ready, "r", 1);
+    } while (n < 0 && errno == EINTR);
+    ::close(ready);
+    char c;
+    do {
+      n = ::read(go, &c, 1);
+    } while (n > 0 || (n < 0 && errno == EINTR));
+    ::close(go);
+  }
+  int64_t batches = 0, vectors = 0;
   uint64_t bytes = 0;
   std::string last_token;
-  std::vector<std::string> problems;
-  auto finish_epoch = [&]() {
-    if (!check || current_epoch < 0) return;
-    int64_t seen_count = 0;
-    for (uint8_t s : seen) seen_count += s;
-    problems.push_back(absl::StrCat("epoch ", current_epoch, ": ", seen_count,
-                                    " distinct vectors, ", duplicates,
-                                    " repeated"));
-    std::fill(seen.begin(), seen.end(), 0);
-    duplicates = 0;
-  };
+  bool stopped = false;  // by --max-batches
+  std::string malformed;
   const auto start = absl::Now();
   auto stream = (*client)->OpenStream(req);
   v1::Batch b;
-  std::vector<std::pair<int64_t, int64_t>> epoch_counts;
   while (stream->Next(&b)) {
-    if (b.epoch() != current_epoch) {
-      finish_epoch();
-      current_epoch = b.epoch();
-    }
     ++batches;
     vectors += b.rows();
     bytes += b.vectors().size();
     last_token = b.resume_token();
-    if (static_cast<int64_t>(b.vectors().size()) !=
+    if (b.rows() < 0 || b.d_model() < 0 ||
+        static_cast<int64_t>(b.vectors().size()) !=
             b.rows() * b.d_model() * 4 ||
         static_cast<int64_t>(b.example_idx().size()) != b.rows() * 8 ||
         static_cast<int64_t>(b.token_idx().size()) != b.rows() * 4) {
-      return Fail(cmd, absl::StrCat("batch ", batches, " is malformed"));
+      malformed = absl::StrCat(
+          "batch ", batches, " (epoch ", b.epoch(), ", index ", b.index(),
+          ") is malformed: ", b.rows(), " rows, d_model ", b.d_model(), ", ",
+          b.vectors().size(), " vector bytes, ", b.example_idx().size(),
+          " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
+      stream->Cancel();
+      break;
     }
-    if (check) {
-      std::map<int64_t, int64_t> layer_index;
-      for (int i = 0; i < info->layers_size(); ++i)
-        layer_index[info->layers(i)] = i;
-      for (int64_t i = 0; i < b.rows(); ++i) {
-        int64_t e;
-        int32_t t;
-        std::memcpy(&e, b.example_idx().data() + i * 8, 8);
-        std::memcpy(&t, b.token_idx().data() + i * 4, 4);
-        int64_t li = 0;
-        if (!b.layer().empty()) {
-          int64_t value;
-          std::memcpy(&value, b.layer().data() + i * 8, 8);
-          li = layer_index[value];
-        }
-        const int64_t raw = t + (info->cls_token() ? 1 : 0);
-        if (e < 0 || e >= info->n_examples() || raw < 0 || raw >= T) {
-          return Fail(cmd, absl::StrCat("batch ", batches, " names example ", e,
-                                        " token ", t, " outside the dataset"));
-        }
-        uint8_t& s = seen[static_cast<size_t>((e * L + li) * T + raw)];
-        if (s) ++duplicates;
-        s = 1;
-      }
+    if (checker) checker->AddBatch(b);
+    if (*max_batches > 0 && batches >= *max_batches) {
+      stopped = true;
+      stream->Cancel();
+      break;
+    }
+  }
+  if (stopped || !malformed.empty()) {
+    while (stream->Next(&b)) {
     }
   }
   absl::Status st = stream->Finish();
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  finish_epoch();
+  if (stopped && absl::IsCancelled(st)) st = absl::OkStatus();
+  if (args.Has("resume-token-out")) {
+    const std::string path = args.Get("resume-token-out");
+    if (last_token.empty()) {
+      std::fprintf(stderr,
+                   "shardcast stream: no batch arrived, so %s was not "
+                   "written\n",
+                   path.c_str());
+    } else if (absl::Status w = WriteResumeToken(path, last_token); !w.ok()) {
+      return Fail(cmd, std::string(w.message()));
+    }
+  }
+  if (!malformed.empty()) return Fail(cmd, malformed);
   if (!st.ok()) return Fail(cmd, std::string(st.message()));
   OrderedJson j;
   j["batches"] = batches;
@@ -251,8 +333,15 @@ int RunStream(const Args& args) {
   j["bytes"] = bytes;
   j["seconds"] = secs;
   j["bytes_per_second"] = secs > 0 ? static_cast<double>(bytes) / secs : 0.0;
-  if (check) j["epochs_checked"] = problems;
+  std::vector<std::string> epoch_lines;
+  if (checker) {
+    checker->Finish(stopped ? StreamChecker::End::kInterrupted
+                            : StreamChecker::End::kComplete);
+    epoch_lines = checker->EpochLines();
+    j["epochs_checked"] = epoch_lines;
+  }
   j["last_resume_token_bytes"] = last_token.size();
+  if (checker) j["check"] = checker->Json();
   if (args.Has("json")) {
     std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
@@ -261,7 +350,34 @@ int RunStream(const Args& args) {
                 static_cast<long long>(vectors),
                 static_cast<double>(bytes) / (1 << 20), secs,
                 secs > 0 ? static_cast<double>(bytes) / (1 << 20) / secs : 0.0);
-    for (const std::string& p : problems) std::printf("%s\n", p.c_str());
+    if (checker) {
+      for (const std::string& line : epoch_lines) {
+        std::printf("%s\n", line.c_str());
+      }
+      if (!checker->note().empty()) {
+        std::printf("note: %s\n", checker->note().c_str());
+      }
+      std::printf(
+          "check: %s (%lld sampled vectors compared with GetVectors, "
+          "%lld differ)\n",
+          checker->ok() ? "ok" : "FAILED",
+          static_cast<long long>(checker->sampled_vectors()),
+          static_cast<long long>(checker->mismatched_vectors()));
+    }
+  }
+  std::fflush(stdout);
+  if (checker && !checker->ok()) {
+    std::string message =
+        absl::StrCat("--check found ", checker->problem_count(), " problem",
+                     checker->problem_count() == 1 ? "" : "s");
+    for (const std::string& p : checker->problems()) {
+      absl::StrAppend(&message, "\n  ", p);
+    }
+    if (checker->problem_count() >
+        static_cast<int64_t>(checker->problems().size())) {
+      absl::StrAppend(&message, "\n  ...");
+    }
+    return Fail(cmd, message);
   }
   return kExitOk;
 }
@@ -300,8 +416,43 @@ void SetRemoteTarget(const std::string& address, const ClientOptions& options) {
   g_options = options;
 }
 
+const std::string& RemoteAddress() { return g_address; }
+const ClientOptions& RemoteOptions() { return g_options; }
+
+std::vector<OptionSpec> StreamRequestOptions() {
+  return {
+      {"layer", "L", "layer value to stream (default: all layers)"},
+      {"tokens", "SEL", "content (default), special (CLS) or all"},
+      {"order", "ORDER", "ordered (default) or shuffled"},
+      {"batch-size", "N", "vectors per batch (default 4096)"},
+      {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
+      {"rank", "R", "partition rank (default 0)"},
+      {"world-size", "W", "partition count (default 1)"},
+      {"seed", "S", "shuffle seed"},
+      {"drop-last", nullptr, "drop each epoch's short last batch"},
+      {"exclude-labels", "L1,L2,...",
+       "drop content tokens with these labels (labels.bin, 0-255)"},
+      {"max-batches", "N",
+       "stop after N batches, cancelling the stream (to resume it later)"},
+      {"check", nullptr,
+       "verify every batch against the selection and sampled vectors against "
+       "GetVectors; exit 1 on any problem"},
+  };
+}
+
 std::vector<Command> RemoteCommands() {
   const OptionSpec json{"json", nullptr, "print machine-readable JSON"};
+  std::vector<OptionSpec> stream_options = StreamRequestOptions();
+  stream_options.push_back(
+      {"resume-token-out", "FILE", "write the last batch's resume token here"});
+  stream_options.push_back(
+      {"resume-token-in", "FILE",
+       "continue the stream a --resume-token-out FILE was written for"});
+  stream_options.push_back(
+      {"start-sync", "READY,GO",
+       "(used by bench) once connected, write a byte to descriptor READY, "
+       "then wait for descriptor GO to reach EOF before opening the stream"});
+  stream_options.push_back(json);
   return {
       {"ls",
        "--server A ls [--json]",
@@ -331,26 +482,31 @@ std::vector<Command> RemoteCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
-      {"stream",
-       "--server A stream ID [options] [--check] [--json]",
+      {"stream", "--server A stream ID [options] [--check] [--json]",
        "stream batches (ordered or shuffled) and print throughput",
        "Opens a Stream and reads every batch, printing batches, vectors, "
-       "seconds "
-       "and bytes/s. --check also counts, per epoch, how many distinct "
-       "(example, layer, token) vectors arrived and how many repeated. "
-       "Shuffled streams are reproducible from --seed for a client alone.",
-       {{"layer", "L", "layer value to stream (default: all layers)"},
-        {"tokens", "SEL", "content (default), special (CLS) or all"},
-        {"order", "ORDER", "ordered (default) or shuffled"},
-        {"batch-size", "N", "vectors per batch (default 4096)"},
-        {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
-        {"rank", "R", "partition rank (default 0)"},
-        {"world-size", "W", "partition count (default 1)"},
-        {"seed", "S", "shuffle seed"},
-        {"drop-last", nullptr, "drop each epoch's short last batch"},
-        {"check", nullptr, "count distinct and repeated vectors per epoch"},
-        json},
-       RunStream},
+       "seconds and bytes/s. Shuffled streams are reproducible from --seed "
+       "for a client alone.\n\n"
+       "Interrupting and resuming: --max-batches N stops after N batches "
+       "(cancelling the stream); --resume-token-out FILE saves the last "
+       "batch's resume token, and --resume-token-in FILE with the same "
+       "options continues right after it.\n\n"
+       "--check verifies the stream against an account of the selection "
+       "made without the daemon's help (DescribeDataset, the rules of "
+       "shardcast.proto and, with --exclude-labels, every example's labels "
+       "from GetLabels): per epoch, every row is inside the dataset and the "
+       "selection (layer, tokens, this rank's partition, label filter), no "
+       "(example, layer, token) repeats, and at the end of a complete epoch "
+       "every expected vector arrived. The first row of every batch and "
+       "every 997th row are fetched again with GetVectors and compared byte "
+       "for byte. An epoch begun with --resume-token-in or cut short by "
+       "--max-batches is only checked for repeats and selection membership. "
+       "Problems go to stderr and the exit status is 1. --json adds "
+       "\"check\": {ok, epochs: [{epoch, vectors, distinct, expected, "
+       "repeated, outside, complete}], sampled_vectors, "
+       "mismatched_vectors}.",
+       stream_options, RunStream},
+      BenchCommand(),
       {"status",
        "--server A status [--json]",
        "the daemon's uptime, clients, calls, bytes, memory",

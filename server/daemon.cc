@@ -181,6 +181,7 @@ struct Daemon::Impl {
     so.window_blocks = options.shuffle_window;
     so.lag_blocks = options.lag_blocks;
     so.direct_io = options.direct_io;
+    so.start_delay = std::chrono::milliseconds(options.scan_start_delay_ms);
     scans = std::make_unique<ScanRegistry>(engine, reservoir.get(), so);
     // Idle batch buffers kept for reuse: a few per stream at most.
     buffers = std::make_unique<BufferPool>(256ull << 20);
@@ -257,6 +258,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
   if (options.queue_depth < 1 || options.queue_depth > 4096) {
     return absl::InvalidArgumentError("--queue-depth must be in [1, 4096]");
+  }
+  if (options.scan_start_delay_ms < 0 || options.scan_start_delay_ms > 60000) {
+    return absl::InvalidArgumentError(
+        "--scan-start-delay-ms must be in [0, 60000]");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -471,6 +476,11 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* o,
         return bad("an integer >= 1");
       (key == "shuffle_window" ? o->shuffle_window : o->lag_blocks) =
           v.get<int64_t>();
+    } else if (key == "scan_start_delay_ms") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+          v.get<int64_t>() > 60000)
+        return bad("an integer in [0, 60000] (milliseconds)");
+      o->scan_start_delay_ms = v.get<int64_t>();
     } else if (key == "queue_depth") {
       if (!v.is_number_integer() || v.get<int64_t>() < 1 ||
           v.get<int64_t>() > 4096)

@@ -49,6 +49,8 @@ struct DaemonOptions {
   uint64_t read_bytes = 1u << 20;  // largest single read
   bool direct_io = false;          // O_DIRECT + registered buffers
   bool prefault = false;           // touch the reservoir at start
+  /// A new shared scan waits this long for more clients before reading.
+  int64_t scan_start_delay_ms = 100;
 };
 
 /// Parses a JSON config file with the same settings as the flags:
@@ -60,7 +62,7 @@ struct DaemonOptions {
 ///  "shutdown_grace_seconds": 10, "log_level": "info",
 ///  "reservoir_bytes": N, "block_bytes": N, "shuffle_window": N,
 ///  "lag_blocks": N, "queue_depth": N, "read_bytes": N, "direct_io": false,
-///  "prefault": false}.
+///  "prefault": false, "scan_start_delay_ms": 100}.
 /// INVALID_ARGUMENT naming the file and key for unknown keys or bad types.
 absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* options,
                              std::string* log_level);

@@ -53,9 +53,14 @@ const std::vector<OptionSpec> kOptions = {
     {"read-bytes", "N", "largest single disk read (default 1M)"},
     {"direct-io", nullptr,
      "read shards with O_DIRECT into registered buffers (bypasses the page "
-     "cache; used when vectors are 4 KiB-aligned)"},
+     "cache; used when vectors are 4 KiB-aligned; registering pins and "
+     "touches the whole reservoir at start)"},
     {"prefault", nullptr,
      "touch the whole reservoir at start (no first-touch cost later)"},
+    {"scan-start-delay-ms", "MS",
+     "a new shared scan waits this long for more clients before its first "
+     "read, so trainers launched together share the whole pass (default "
+     "100)"},
 };
 
 constexpr char kUsage[] =
@@ -141,10 +146,11 @@ int Main(int argc, char** argv) {
   auto window = args->GetInt("shuffle-window", options.shuffle_window);
   auto lag = args->GetInt("lag-blocks", options.lag_blocks);
   auto depth = args->GetInt("queue-depth", options.queue_depth);
+  auto delay = args->GetInt("scan-start-delay-ms", options.scan_start_delay_ms);
   for (const absl::Status& s :
        {threads.status(), max_vectors.status(), max_bytes.status(),
         grace.status(), reservoir.status(), block.status(), read.status(),
-        window.status(), lag.status(), depth.status()}) {
+        window.status(), lag.status(), depth.status(), delay.status()}) {
     if (!s.ok()) return usage_error(s);
   }
   options.reservoir_bytes = *reservoir;
@@ -157,6 +163,7 @@ int Main(int argc, char** argv) {
         absl::InvalidArgumentError("--queue-depth must be in [1, 4096]"));
   }
   options.queue_depth = static_cast<unsigned>(*depth);
+  options.scan_start_delay_ms = *delay;
   options.direct_io = options.direct_io || args->Has("direct-io");
   options.prefault = options.prefault || args->Has("prefault");
   options.query_threads = static_cast<int>(*threads);

@@ -146,6 +146,11 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
       return absl::InvalidArgumentError(
           "resume_token points outside this stream");
     }
+    if (spec.epochs != 0 && s->epoch_ >= spec.epochs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_token is for epoch ", s->epoch_,
+                       " but the stream asks for ", spec.epochs, " epoch(s)"));
+    }
   }
   return s;
 }

@@ -38,7 +38,8 @@ struct ReadEngine::Op {
 
 namespace {
 
-constexpr uint64_t kWakeTag = 0;  // user_data of the eventfd read
+constexpr uint64_t kWakeTag = 0;   // user_data of the eventfd read
+constexpr uint64_t kTimerTag = 1;  // user_data of the retry timeout
 
 }  // namespace
 
@@ -48,10 +49,12 @@ ReadEngine::ReadEngine(ReadEngineOptions options, Reservoir* reservoir)
 absl::StatusOr<std::unique_ptr<ReadEngine>> ReadEngine::Start(
     ReadEngineOptions options, Reservoir* reservoir) {
   if (options.queue_depth < 1) options.queue_depth = 1;
-  if (options.read_bytes < 4096) options.read_bytes = 4096;
+  options.read_bytes = std::clamp<uint64_t>(options.read_bytes / 4096 * 4096,
+                                            4096, uint64_t{1} << 30);
   std::unique_ptr<ReadEngine> e(new ReadEngine(options, reservoir));
   // Blocking: io_uring then waits for the counter (a non-blocking eventfd
   // would complete the read at once with EAGAIN and the loop would spin).
+  // The pread fallback polls it before reading.
   const int efd = ::eventfd(0, EFD_CLOEXEC);
   if (efd < 0) return ErrnoToStatus(errno, "eventfd for the read engine");
   e->event_fd_.Reset(efd);
@@ -101,7 +104,7 @@ ReadEngine::~ReadEngine() {
 void ReadEngine::Add(std::shared_ptr<BlockSource> source) {
   {
     MutexLock lock(&mu_);
-    added_.push_back(std::move(source));
+    changes_.push_back({std::move(source), nullptr});
   }
   Wake();
 }
@@ -109,7 +112,7 @@ void ReadEngine::Add(std::shared_ptr<BlockSource> source) {
 void ReadEngine::Remove(const BlockSource* source) {
   {
     MutexLock lock(&mu_);
-    removed_.push_back(source);
+    changes_.push_back({nullptr, source});
   }
   Wake();
 }
@@ -122,22 +125,27 @@ void ReadEngine::Wake() {
 }
 
 void ReadEngine::TakeSourceChanges() {
-  std::vector<std::shared_ptr<BlockSource>> added;
-  std::vector<const BlockSource*> removed;
+  std::vector<Change> changes;
   {
     MutexLock lock(&mu_);
-    added.swap(added_);
-    removed.swap(removed_);
+    changes.swap(changes_);
   }
-  for (auto& s : added) sources_.push_back(std::move(s));
-  for (const BlockSource* r : removed) {
+  for (Change& c : changes) {
+    if (c.add != nullptr) {
+      sources_.push_back(std::move(c.add));
+      continue;
+    }
+    const BlockSource* r = c.remove;
     sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
                                   [r](const auto& s) { return s.get() == r; }),
                    sources_.end());
   }
 }
 
-void ReadEngine::Plan(size_t budget, std::vector<Op*>* ops) {
+void ReadEngine::Plan(size_t budget, std::vector<Op*>* ops,
+                      BlockSource::Clock::time_point* retry_at) {
+  *retry_at = BlockSource::Clock::time_point();
+  const auto now = BlockSource::Clock::now();
   size_t planned = 0, idle = 0;
   while (planned < budget && !sources_.empty() && idle < sources_.size()) {
     const std::shared_ptr<BlockSource>& source =
@@ -145,6 +153,11 @@ void ReadEngine::Plan(size_t budget, std::vector<Op*>* ops) {
     std::unique_ptr<BlockRead> read = source->NextRead();
     if (read == nullptr) {
       ++idle;
+      const auto ready = source->ReadyAt();
+      if (ready > now && (*retry_at == BlockSource::Clock::time_point() ||
+                          ready < *retry_at)) {
+        *retry_at = ready;
+      }
       continue;
     }
     idle = 0;
@@ -173,7 +186,10 @@ void ReadEngine::Plan(size_t budget, std::vector<Op*>* ops) {
         ++planned;
       }
     }
-    if (r->ops_left == 0) Finish(r);  // nothing to read: done already
+    if (r->ops_left == 0) {
+      Finish(r);  // nothing to read: done already
+      ++planned;  // (and counted, so such reads cannot keep us here)
+    }
   }
 }
 
@@ -190,19 +206,35 @@ void ReadEngine::Finish(BlockRead* r) {
 
 void ReadEngine::Loop() {
   struct io_uring* ring = &ring_->ring;
-  uint64_t wake_value = 0;
   bool wake_armed = false;
+  bool timer_armed = false;
+  BlockSource::Clock::time_point timer_at;
+  struct __kernel_timespec timer_ts = {};
   std::deque<Op*> queued;  // planned, not yet submitted (or to resubmit)
-  size_t in_flight = 0;
+  size_t in_flight = 0;    // reads only
   const size_t depth = options_.queue_depth;
 
+  auto drop_queued = [&] {
+    while (!queued.empty()) {
+      Op* op = queued.front();
+      queued.pop_front();
+      BlockRead* r = op->read;
+      if (r->status.ok()) r->status = absl::CancelledError("daemon stopping");
+      delete op;
+      if (--r->ops_left == 0) Finish(r);
+    }
+  };
+
   while (true) {
-    if (stop_.load() && in_flight == 0) break;
+    if (stop_.load()) {
+      drop_queued();  // what never reached the ring is handed back now
+      if (in_flight == 0) break;
+    }
     if (!wake_armed) {
       struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
       if (sqe != nullptr) {
-        io_uring_prep_read(sqe, event_fd_.get(), &wake_value,
-                           sizeof(wake_value), 0);
+        io_uring_prep_read(sqe, event_fd_.get(), &wake_value_,
+                           sizeof(wake_value_), 0);
         io_uring_sqe_set_data64(sqe, kWakeTag);
         wake_armed = true;
       }
@@ -210,8 +242,27 @@ void ReadEngine::Loop() {
     TakeSourceChanges();
     if (!stop_.load() && in_flight + queued.size() < depth) {
       std::vector<Op*> planned;
-      Plan(depth - in_flight - queued.size(), &planned);
+      BlockSource::Clock::time_point retry_at;
+      Plan(depth - in_flight - queued.size(), &planned, &retry_at);
       queued.insert(queued.end(), planned.begin(), planned.end());
+      // A source waits for a time (a new scan gathering its clients): wake
+      // up then, unless a timer for an earlier time is already armed.
+      if (retry_at != BlockSource::Clock::time_point() &&
+          (!timer_armed || retry_at < timer_at)) {
+        struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
+        if (sqe != nullptr) {
+          const auto wait =
+              std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  retry_at - BlockSource::Clock::now());
+          const int64_t ns = std::max<int64_t>(wait.count(), 1000);
+          timer_ts.tv_sec = ns / 1000000000;
+          timer_ts.tv_nsec = ns % 1000000000;
+          io_uring_prep_timeout(sqe, &timer_ts, 0, 0);
+          io_uring_sqe_set_data64(sqe, kTimerTag);
+          timer_armed = true;  // a later one fires too; it just replans
+          timer_at = retry_at;
+        }
+      }
     }
     while (!queued.empty() && in_flight < depth) {
       struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -240,6 +291,10 @@ void ReadEngine::Loop() {
       const uint64_t tag = io_uring_cqe_get_data64(cqe);
       if (tag == kWakeTag) {
         wake_armed = false;  // re-armed at the top of the loop
+        continue;
+      }
+      if (tag == kTimerTag) {
+        timer_armed = false;
         continue;
       }
       Op* op = reinterpret_cast<Op*>(tag);
@@ -279,17 +334,6 @@ void ReadEngine::Loop() {
       }
     }
     io_uring_cq_advance(ring, seen);
-    if (stop_.load()) {
-      // Drop what was planned but never submitted.
-      while (!queued.empty()) {
-        Op* op = queued.front();
-        queued.pop_front();
-        BlockRead* r = op->read;
-        if (r->status.ok()) r->status = absl::CancelledError("daemon stopping");
-        delete op;
-        if (--r->ops_left == 0) Finish(r);
-      }
-    }
   }
   sources_.clear();
 }
@@ -298,7 +342,8 @@ void ReadEngine::LoopPread() {
   while (!stop_.load()) {
     TakeSourceChanges();
     std::vector<Op*> ops;
-    Plan(options_.queue_depth, &ops);
+    BlockSource::Clock::time_point retry_at;
+    Plan(options_.queue_depth, &ops, &retry_at);
     for (Op* op : ops) {
       BlockRead* r = op->read;
       if (r->status.ok()) {
@@ -311,8 +356,17 @@ void ReadEngine::LoopPread() {
       if (--r->ops_left == 0) Finish(r);
     }
     if (ops.empty()) {
+      int timeout_ms = -1;
+      if (retry_at != BlockSource::Clock::time_point()) {
+        timeout_ms = static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                retry_at - BlockSource::Clock::now())
+                .count() +
+            1);
+        timeout_ms = std::max(timeout_ms, 0);
+      }
       struct pollfd p = {event_fd_.get(), POLLIN, 0};
-      ::poll(&p, 1, -1);
+      if (::poll(&p, 1, timeout_ms) <= 0) continue;
       uint64_t v;
       ssize_t n = ::read(event_fd_.get(), &v, sizeof(v));
       (void)n;

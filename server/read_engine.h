@@ -17,6 +17,7 @@
 #define SHARDCAST_SERVER_READ_ENGINE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,7 +58,11 @@ struct BlockRead {
 /// on the engine thread only.
 class BlockSource {
  public:
+  using Clock = std::chrono::steady_clock;
   virtual ~BlockSource() = default;
+  /// The source has nothing to read before this time: when NextRead returns
+  /// null, the engine asks again at ReadyAt() even without a Wake().
+  virtual Clock::time_point ReadyAt() const { return Clock::time_point(); }
   /// The next block to read now, or null when there is none (the source then
   /// calls ReadEngine::Wake() once that may have changed).
   virtual std::unique_ptr<BlockRead> NextRead() = 0;
@@ -68,8 +73,10 @@ class BlockSource {
 };
 
 struct ReadEngineOptions {
-  unsigned queue_depth = 32;       // reads in flight
-  uint64_t read_bytes = 1u << 20;  // largest single read
+  unsigned queue_depth = 32;  // reads in flight
+  /// Largest single read; rounded down to a 4 KiB multiple (O_DIRECT reads
+  /// are cut at multiples of it) within [4 KiB, 1 GiB].
+  uint64_t read_bytes = 1u << 20;
   /// Register the reservoir's slots as io_uring fixed buffers (saves page
   /// pinning per read; most useful with O_DIRECT).
   bool register_buffers = false;
@@ -109,11 +116,17 @@ class ReadEngine {
   void LoopPread();
   void TakeSourceChanges() ABSL_LOCKS_EXCLUDED(mu_);
   /// Asks sources for blocks until `budget` ops are planned; appends ops.
-  void Plan(size_t budget, std::vector<Op*>* ops);
+  /// Sets `*retry_at` to the earliest time an idle source will be ready
+  /// (unset when none waits for a time).
+  void Plan(size_t budget, std::vector<Op*>* ops,
+            BlockSource::Clock::time_point* retry_at);
   void Finish(BlockRead* read);
 
   const ReadEngineOptions options_;
   Reservoir* const reservoir_;
+  // The ring's eventfd read lands here; declared before ring_ so that it
+  // outlives the ring (which may still hold that read when it is torn down).
+  uint64_t wake_value_ = 0;
   std::unique_ptr<Ring> ring_;
   bool buffers_registered_ = false;
   UniqueFd event_fd_;
@@ -122,9 +135,13 @@ class ReadEngine {
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> blocks_read_{0};
 
+  // Adds and removes, in the order they were asked for.
+  struct Change {
+    std::shared_ptr<BlockSource> add;  // null: remove `remove`
+    const BlockSource* remove = nullptr;
+  };
   Mutex mu_;
-  std::vector<std::shared_ptr<BlockSource>> added_ ABSL_GUARDED_BY(mu_);
-  std::vector<const BlockSource*> removed_ ABSL_GUARDED_BY(mu_);
+  std::vector<Change> changes_ ABSL_GUARDED_BY(mu_);
 
   // Engine thread only.
   std::vector<std::shared_ptr<BlockSource>> sources_;

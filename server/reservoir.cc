@@ -9,14 +9,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/log.h"
 
 namespace shardcast {
 namespace {
 
 constexpr uint64_t kPage = 4096;  // for prefaulting
 
-std::string Mib(uint64_t bytes) {
-  return absl::StrFormat("%.0f MiB", static_cast<double>(bytes) / (1 << 20));
+// "512 KiB", "4 MiB", "1.5 GiB", or bytes below 1 KiB.
+std::string HumanBytes(uint64_t bytes) {
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.4g %s", v, units[u]);
 }
 
 }  // namespace
@@ -25,13 +35,20 @@ Reservoir::Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes,
                      int64_t slots)
     : base_(base), mapped_(mapped), slot_bytes_(slot_bytes), num_slots_(slots) {
   MutexLock lock(&mu_);
+  in_use_.assign(static_cast<size_t>(slots), false);
   free_.resize(static_cast<size_t>(slots));
   for (int64_t i = 0; i < slots; ++i)
     free_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
 }
 
-Reservoir::~Reservoir() { ::munmap(base_, mapped_); }
+Reservoir::~Reservoir() {
+  const int64_t in_use = slots_in_use();
+  if (in_use > 0) {
+    LogError("reservoir destroyed with ", in_use, " block(s) still in use");
+  }
+  ::munmap(base_, mapped_);
+}
 
 absl::StatusOr<std::unique_ptr<Reservoir>> Reservoir::Create(
     ReservoirOptions options) {
@@ -54,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Reservoir>> Reservoir::Create(
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map the reservoir (", Mib(mapped),
+        absl::StrCat("cannot map the reservoir (", HumanBytes(mapped),
                      "): ", std::strerror(errno)));
   }
   // Huge pages make the first touch of the reservoir far cheaper; a kernel
@@ -69,13 +86,17 @@ absl::StatusOr<std::unique_ptr<Reservoir>> Reservoir::Create(
 }
 
 absl::Status Reservoir::Reserve(int64_t slots, const std::string& what) {
+  if (slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot reserve a negative number of blocks (", slots, ")"));
+  }
   MutexLock lock(&mu_);
   if (reserved_ + slots > num_slots_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the reservoir cannot take this stream: it needs ", slots,
-        " blocks of ", Mib(slot_bytes_), " (", what, ") but only ",
+        " blocks of ", HumanBytes(slot_bytes_), " (", what, ") but only ",
         num_slots_ - reserved_, " of the reservoir's ", num_slots_, " (",
-        Mib(bytes()),
+        HumanBytes(bytes()),
         ", --reservoir-bytes) are not reserved by other "
         "streams; raise --reservoir-bytes or lower --shuffle-window, "
         "--lag-blocks or --block-bytes"));
@@ -86,6 +107,11 @@ absl::Status Reservoir::Reserve(int64_t slots, const std::string& what) {
 
 void Reservoir::Unreserve(int64_t slots) {
   MutexLock lock(&mu_);
+  if (slots < 0 || slots > reserved_) {
+    LogError("reservoir: unreserving ", slots, " blocks of ", reserved_,
+             " reserved (bug); ignored");
+    return;
+  }
   reserved_ -= slots;
 }
 
@@ -95,12 +121,19 @@ std::optional<int32_t> Reservoir::TryAcquire() {
   std::pop_heap(free_.begin(), free_.end(), std::greater<int32_t>());
   const int32_t slot = free_.back();
   free_.pop_back();
+  in_use_[static_cast<size_t>(slot)] = true;
   return slot;
 }
 
 void Reservoir::Release(int32_t slot) {
   {
     MutexLock lock(&mu_);
+    if (slot < 0 || slot >= num_slots_ || !in_use_[static_cast<size_t>(slot)]) {
+      LogError("reservoir: release of slot ", slot,
+               " that is not in use (bug); ignored");
+      return;
+    }
+    in_use_[static_cast<size_t>(slot)] = false;
     free_.push_back(slot);
     std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
   }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -35,7 +36,7 @@ struct ReservoirOptions {
 };
 
 /// Thread-safe. Owns its mapping (unmapped on destruction; every slot must
-/// have been released by then).
+/// have been released by then, which is logged otherwise).
 class Reservoir {
  public:
   /// INVALID_ARGUMENT when fewer than 2 slots fit; RESOURCE_EXHAUSTED when
@@ -55,7 +56,8 @@ class Reservoir {
 
   /// A free slot (lowest index first), or nothing when all are in use.
   std::optional<int32_t> TryAcquire() ABSL_LOCKS_EXCLUDED(mu_);
-  /// Gives a slot back, then calls the release listener.
+  /// Gives a slot back, then calls the release listener. A slot that is not
+  /// in use (a bug) is logged and ignored.
   void Release(int32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
   /// Called (without locks held) after every Release, e.g. to wake the read
   /// engine that may be waiting for a slot. Set once, before use.
@@ -88,6 +90,7 @@ class Reservoir {
 
   mutable Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
+  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -107,7 +107,8 @@ SharedScan::SharedScan(std::shared_ptr<const DatasetReader> reader,
       fds_(std::move(fds)),
       direct_(direct),
       seed_(seed),
-      labels_path_(reader_->labels_path()) {
+      labels_path_(reader_->labels_path()),
+      start_at_(Clock::now() + options.start_delay) {
   MutexLock lock(&mu_);
   need_count_.assign(static_cast<size_t>(layout_.num_blocks), 0);
   cycle_ = first_cycle;
@@ -313,6 +314,7 @@ void SharedScan::AddDelivered(uint64_t id, uint64_t bytes) {
 }
 
 std::unique_ptr<BlockRead> SharedScan::NextRead() {
+  if (Clock::now() < start_at_) return nullptr;  // the engine retries then
   MutexLock lock(&mu_);
   if (subs_.empty()) return nullptr;
   const size_t lag = static_cast<size_t>(options_.lag_blocks);

@@ -25,6 +25,10 @@
 // stream reserves window + lag slots in the reservoir, so slots never run out
 // and a slow client holds back the others by at most its lag bound.
 //
+// Clients launched together (trainers of one job, ranks of one node) reach
+// the daemon some milliseconds apart; a new scan waits `start_delay` before
+// its first read so that they all join it before any block is consumed.
+//
 // Determinism. A client alone on a scan gets blocks in the order of the
 // permutation of (its seed, its epoch) (the scan takes the first client's
 // seed and epoch as its own), and it draws only when its window is full, so
@@ -36,6 +40,7 @@
 #ifndef SHARDCAST_SERVER_SCAN_H_
 #define SHARDCAST_SERVER_SCAN_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -115,6 +120,9 @@ struct ScanOptions {
   int64_t window_blocks = 16;  // a client's shuffle window
   int64_t lag_blocks = 32;     // a client's queue bound
   bool direct_io = false;      // O_DIRECT reads when the layout is aligned
+  /// A new scan waits this long before its first read, so that clients
+  /// launched together all join before any block is consumed.
+  std::chrono::milliseconds start_delay{0};
 };
 
 /// What a subscriber asks of its scan.
@@ -174,6 +182,7 @@ class SharedScan final : public BlockSource,
   ScanStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // BlockSource (read engine thread).
+  Clock::time_point ReadyAt() const override { return start_at_; }
   std::unique_ptr<BlockRead> NextRead() override ABSL_LOCKS_EXCLUDED(mu_);
   void ReadDone(std::unique_ptr<BlockRead> read, absl::Status status) override
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -220,6 +229,7 @@ class SharedScan final : public BlockSource,
   const bool direct_;
   const uint64_t seed_;
   const std::string labels_path_;
+  const Clock::time_point start_at_;  // no reads before (gathering clients)
 
   mutable Mutex mu_;
   std::map<uint64_t, Subscriber> subs_ ABSL_GUARDED_BY(mu_);

@@ -75,6 +75,11 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
   if (!resume_token.empty()) {
     BlockSet needed;
     RETURN_IF_ERROR(s->ParseToken(resume_token, &needed));
+    if (spec.epochs != 0 && s->epoch_ >= spec.epochs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_token is for epoch ", s->epoch_,
+                       " but the stream asks for ", spec.epochs, " epoch(s)"));
+    }
     sub.needed = std::move(needed);
     batch_index = s->batch_index_;
   }

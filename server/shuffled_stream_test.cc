@@ -41,6 +41,7 @@ struct EngineConfig {
   int64_t slots = 512;
   uint64_t block_bytes = kBlockBytes;
   bool direct_io = false;
+  int64_t start_delay_ms = 0;  // tests subscribe everyone before reading
 };
 
 // What a client saw.
@@ -98,6 +99,7 @@ class ShuffledStreamTest : public ::testing::Test {
     s.window_blocks = c.window;
     s.lag_blocks = c.lag;
     s.direct_io = c.direct_io;
+    s.start_delay = std::chrono::milliseconds(c.start_delay_ms);
     registry_ =
         std::make_unique<ScanRegistry>(engine_.get(), reservoir_.get(), s);
   }
@@ -284,6 +286,33 @@ TEST_F(ShuffledStreamTest, FourClientsStartedTogetherShareOneDiskPass) {
   const int64_t blocks = NumBlocks(spec);
   EXPECT_LE(static_cast<double>(engine_->blocks_read()), 1.05 * 2 * blocks)
       << "read " << engine_->blocks_read() << " blocks for " << blocks;
+}
+
+TEST_F(ShuffledStreamTest, ClientsJoiningWithinTheStartDelayShareEveryRead) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 32;  // more than an epoch's 29 blocks: never a deferral here
+  c.start_delay_ms = 300;  // without it, the first client is done in ~2 ms
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  auto first = Open(spec, 1);
+  Drained a, b;
+  std::thread ta([&] { a = Drain(first.get(), 10, -1, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(engine_->blocks_read(), 0u) << "read before the start delay";
+  auto second = Open(spec, 2);  // joins 100 ms later, within the delay
+  std::thread tb([&] { b = Drain(second.get(), 10, -1, 0); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  EXPECT_EQ(Sorted(a.rows), want);
+  EXPECT_EQ(Sorted(b.rows), want);
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()),
+            1.05 * NumBlocks(spec));
 }
 
 TEST_F(ShuffledStreamTest, ALateJoinerGetsEveryVectorOnceAndSharesTheReads) {
@@ -639,6 +668,16 @@ TEST_F(ShuffledStreamTest, BadResumeTokensAreInvalidArguments) {
   EXPECT_EQ(Create(spec, 2, good).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "a token of another seed";
+  StreamSpec endless = spec;
+  endless.epochs = 0;
+  auto e = Open(endless, 1);
+  Drained later = Drain(e.get(), 10, 30, 0);  // into epoch 1 (23 per epoch)
+  ASSERT_TRUE(later.status.ok());
+  e.reset();
+  endless.epochs = 1;
+  auto past = Create(endless, 1, later.token);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument)
+      << "a token for epoch 1 of a 1-epoch stream";
   StreamSpec other = spec;
   other.world_size = 2;
   EXPECT_EQ(Create(other, 1, good).status().code(),
