@@ -558,8 +558,8 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   if (it == scans_.end()) {
     // O_DIRECT needs every offset, length and buffer 4 KiB-aligned: true
     // when a vector is a multiple of 4 KiB and so is a slot.
-    const bool direct = options_.direct_io && layout.vector_bytes % 4096 == 0 &&
-                        reservoir_->slot_bytes() % 4096 == 0;
+    bool direct = options_.direct_io && layout.vector_bytes % 4096 == 0 &&
+                  reservoir_->slot_bytes() % 4096 == 0;
     if (options_.direct_io && !direct) {
       LogInfo("scan of ", dataset, ": reading without O_DIRECT (vectors of ",
               layout.vector_bytes, " bytes or blocks of ",
@@ -568,25 +568,39 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     // The scan's own descriptors of the same inodes (via /proc/self/fd, so
     // a file replaced on disk since the catalog opened it is not picked up):
     // its hints and O_DIRECT do not touch the query path's descriptors.
-    std::vector<UniqueFd> fds;
     const DatasetReader& r = *reader;
-    for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
-      if (r.shard_fd(s) < 0) {
-        fds.emplace_back();
-        continue;
+    auto open_shards =
+        [&r](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
+      std::vector<UniqueFd> fds;
+      for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
+        if (r.shard_fd(s) < 0) {
+          fds.emplace_back();
+          continue;
+        }
+        auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
+                           O_RDONLY | (o_direct ? O_DIRECT : 0));
+        if (!fd.ok()) return Annotate(fd.status(), r.shard_path(s));
+        if (!o_direct) ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+        fds.push_back(std::move(*fd));
       }
-      auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
-                         O_RDONLY | (direct ? O_DIRECT : 0));
-      if (!fd.ok()) {
-        reservoir_->Unreserve(slots);
-        return Annotate(fd.status(), r.shard_path(s));
-      }
-      if (!direct) ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-      fds.push_back(std::move(*fd));
+      return fds;
+    };
+    absl::StatusOr<std::vector<UniqueFd>> fds = open_shards(direct);
+    if (direct && !fds.ok() &&
+        fds.status().code() == absl::StatusCode::kInvalidArgument) {
+      // EINVAL: this filesystem does not do O_DIRECT (tmpfs, some FUSE).
+      LogWarning("scan of ", dataset, ": O_DIRECT refused (",
+                 fds.status().message(), "); reading through the page cache");
+      direct = false;
+      fds = open_shards(false);
+    }
+    if (!fds.ok()) {
+      reservoir_->Unreserve(slots);
+      return fds.status();
     }
     auto scan = std::make_shared<SharedScan>(
         std::move(reader), dataset, std::move(layout), options_, reservoir_,
-        engine_, std::move(fds), direct, seed, sub.epoch);
+        engine_, std::move(*fds), direct, seed, sub.epoch);
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
     LogInfo("scan of ", dataset, " (", scan->Status().selection,

@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "common/file.h"
+#include "common/synth.h"
+#include "common/writer.h"
 #include "gtest/gtest.h"
 #include "server/read_engine.h"
 #include "server/reservoir.h"
@@ -641,6 +643,84 @@ TEST_F(ShuffledStreamTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
     EXPECT_EQ(Sorted(Epoch(d, e)),
               Sorted(Expected(std::nullopt, TokenSelection::kContent)));
   }
+}
+
+TEST_F(ShuffledStreamTest, DirectIoIntoRegisteredSlotsDeliversTheSameVectors) {
+  // 4 KiB vectors (D = 1024), so rows, blocks and slots are page-aligned and
+  // the scan reads with O_DIRECT into registered reservoir slots (or falls
+  // back to the page cache where the filesystem refuses O_DIRECT).
+  constexpr int64_t kBigD = 1024, kExamples = 12, kTokens = 3;
+  const std::string big_root = JoinPath(root_, "big");
+  ASSERT_EQ(::mkdir(big_root.c_str(), 0755), 0);
+  WriterOptions o;
+  o.root = big_root;
+  o.layers = {5};
+  o.content_tokens = kTokens;
+  o.d_model = kBigD;
+  o.n_examples = kExamples;
+  o.token_budget = 4 * kTokens;  // 4 examples per shard
+  auto w = DatasetWriter::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> v(kExamples * kTokens * kBigD);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = SynthValue(kSeed, i);
+  ASSERT_TRUE((*w)->Append(v.data(), v.size() * 4).ok());
+  auto written = (*w)->Finish();
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto big = DatasetReader::Open(written->path);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EngineConfig c;
+  c.block_bytes = 2 * kBigD * 4;  // 2 vectors per block: 18 blocks
+  c.slots = 64;
+  c.lag = 8;
+  c.direct_io = true;
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 5;
+  spec.epochs = 2;
+  auto s = Create(spec, 3, "", std::move(*big));
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<char> buffer(5 * kBigD * 4);
+  std::set<std::pair<int64_t, int32_t>> seen[2];
+  StreamBatch b;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool woken = false;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      woken = false;
+    }
+    auto fill = (*s)->Next({buffer.data(), buffer.size()}, &b, [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      woken = true;
+      cv.notify_all();
+    });
+    ASSERT_TRUE(fill.ok()) << fill.status();
+    if (*fill == ShuffledStream::Fill::kEnd) break;
+    if (*fill == ShuffledStream::Fill::kPending) {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(
+          cv.wait_for(lock, std::chrono::seconds(20), [&] { return woken; }));
+      continue;
+    }
+    for (int64_t i = 0; i < b.rows; ++i) {
+      int64_t e;
+      int32_t t;
+      std::memcpy(&e, b.example_idx.data() + i * 8, 8);
+      std::memcpy(&t, b.token_idx.data() + i * 4, 4);
+      const float* vec =
+          reinterpret_cast<const float*>(buffer.data()) + i * kBigD;
+      for (int64_t k = 0; k < kBigD; k += 97) {
+        ASSERT_EQ(vec[k], SynthValue(kSeed, static_cast<uint64_t>(
+                                                (e * kTokens + t) * kBigD + k)))
+            << "example " << e << " token " << t;
+      }
+      EXPECT_TRUE(seen[b.epoch].insert({e, t}).second) << "repeated";
+    }
+  }
+  EXPECT_EQ(seen[0].size(), static_cast<size_t>(kExamples * kTokens));
+  EXPECT_EQ(seen[1].size(), static_cast<size_t>(kExamples * kTokens));
+  EXPECT_TRUE(engine_->buffers_registered());
 }
 
 TEST_F(ShuffledStreamTest, BadResumeTokensAreInvalidArguments) {

@@ -144,6 +144,14 @@ class DaemonTest : public ::testing::Test {
 
   void TearDown() override {
     daemon_.reset();
+    // A sanitizer report inside a daemon process fails the test that ran it.
+    const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
+    for (const char* marker : {"ThreadSanitizer", "AddressSanitizer",
+                               "LeakSanitizer", "runtime error:"}) {
+      EXPECT_EQ(log.find(marker), std::string::npos)
+          << marker << " in the daemon's log:\n"
+          << log.substr(log.find(marker), 4000);
+    }
     RemoveTree(dir_).IgnoreError();
   }
 

@@ -332,6 +332,10 @@ class Daemon:
     def stop_and_check(self):
         rc = self.terminate()
         try:
+            log = self.log.read_bytes().decode("utf-8", errors="replace")
+            for marker in ("ThreadSanitizer", "AddressSanitizer", "LeakSanitizer",
+                           "runtime error:"):
+                assert marker not in log, f"{marker} in shardcastd's log\n{self.describe()}"
             assert rc == 0, (f"shardcastd: SIGTERM -> exit {rc} "
                              f"(expected 0 within {STOP_TIMEOUT} s)\n{self.describe()}")
         finally:
