@@ -189,12 +189,18 @@ grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
   return grpc::ByteBuffer(slices, 2);
 }
 
-// One Stream call. Batches are assembled on the worker pool and written one
-// at a time (the next is started from OnWriteDone), so a slow client holds
-// at most one batch. A shuffled stream that waits for blocks from its scan
-// gives its worker back and is woken by the scan, so no thread blocks on the
-// disk. States: producing (a worker is assembling), waiting (for blocks),
-// writing (one batch in flight), finished. Deletes itself in OnDone.
+// One Stream call. Batches are assembled on the worker pool while the
+// previous one is being written: one write is in flight and at most one
+// more batch is ready, so a slow client holds two batches at most and a fast
+// one never waits for assembly. A shuffled stream that waits for blocks from
+// its scan gives its worker back and is woken by the scan, so no thread
+// blocks on the disk.
+//
+// Two state machines under mu_: the producer (idle: a batch is ready and
+// waits for the write slot; running: a worker is assembling; waiting: for
+// blocks; done: the stream ended or failed) and the writer (writing or
+// not). Finish() is called once, when the producer is done and nothing is
+// being written. Deletes itself in OnDone.
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
   StreamReactor(const QueryService* service,
@@ -211,7 +217,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   void OnReadDone(bool ok) override {
     TsanAcquire(this);
     if (!ok) {
-      FinishWith(
+      EndProducer(
           absl::InvalidArgumentError("Stream: the client sent no request"));
       return;
     }
@@ -223,15 +229,35 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnWriteDone(bool ok) override {
     TsanAcquire(this);
-    if (!ok) {
-      FinishWith(absl::CancelledError("the client went away"));
-      return;
-    }
+    bool start = false, schedule = false, finish = false;
     {
       MutexLock lock(&mu_);
-      state_ = State::kProducing;
+      writing_ = false;
+      if (!ok) {
+        cancelled_ = true;  // the client went away
+        ready_.reset();
+        if (producer_ == Producer::kRunning) return;  // it ends and finishes
+        producer_ = Producer::kDone;
+        SetEnd(absl::CancelledError("the client went away"));
+        finish = true;
+      } else if (ready_.has_value()) {
+        reply_ = std::move(*ready_);
+        ready_.reset();
+        writing_ = start = true;
+        if (producer_ == Producer::kIdle) {
+          producer_ = Producer::kRunning;
+          schedule = true;
+        }
+      } else if (producer_ == Producer::kDone) {
+        finish = true;
+      }
     }
-    Schedule();
+    if (start) {
+      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+      StartWrite(&reply_);
+    }
+    if (schedule) Schedule();
+    if (finish) Done();
   }
 
   void OnCancel() override {
@@ -250,7 +276,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
  private:
-  enum class State { kProducing, kWaiting, kWriting, kFinished };
+  enum class Producer { kIdle, kRunning, kWaiting, kDone };
 
   void Schedule() {
     TsanRelease(this);
@@ -261,33 +287,48 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   // From the scan (its lock held) when blocks arrived, or from OnCancel: run
-  // Produce again if it is waiting, or tell a running one to go on.
+  // the producer again if it waits for blocks, or tell a running one to
+  // look again before it waits.
   void Kick(bool cancel) {
     bool schedule = false;
-    if (cancel) cancelled_ = true;
     {
       MutexLock lock(&mu_);
-      if (state_ == State::kWaiting) {
-        state_ = State::kProducing;
+      if (cancel) cancelled_ = true;
+      if (producer_ == Producer::kWaiting) {
+        producer_ = Producer::kRunning;
         schedule = true;
-      } else if (state_ == State::kProducing) {
+      } else if (producer_ == Producer::kRunning) {
         rerun_ = true;
       }
     }
     if (schedule) Schedule();
   }
 
+  // The producer is done (end of stream, error or cancellation): finish now
+  // if nothing is being written, else once the write completes.
+  void EndProducer(const absl::Status& status) {
+    bool finish = false;
+    {
+      MutexLock lock(&mu_);
+      producer_ = Producer::kDone;
+      SetEnd(status);
+      if (!status.ok()) ready_.reset();  // an error goes out at once
+      finish = !writing_ && !ready_.has_value();
+    }
+    if (finish) Done();
+  }
+
   void Open() {
     v1::StreamRequest req;
     absl::Status st = ParseRequest(&request_, &req);
     if (!st.ok()) {
-      FinishWith(st);
+      EndProducer(st);
       return;
     }
     absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
         service_->engine()->catalog()->Resolve(req.dataset());
     if (!reader.ok()) {
-      FinishWith(reader.status());
+      EndProducer(reader.status());
       return;
     }
     StreamSpec spec;
@@ -302,7 +343,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     spec.drop_last = req.drop_last();
     for (uint32_t l : req.exclude_labels()) {
       if (l > 255) {
-        FinishWith(absl::InvalidArgumentError(absl::StrCat(
+        EndProducer(absl::InvalidArgumentError(absl::StrCat(
             "exclude_labels: ", l, " is not a uint8 label (0-255)")));
         return;
       }
@@ -314,7 +355,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     if (spec.batch_size > 0 &&
         static_cast<uint64_t>(spec.batch_size) * vector_bytes_ >
             kMaxBatchBytes) {
-      FinishWith(absl::InvalidArgumentError(
+      EndProducer(absl::InvalidArgumentError(
           absl::StrCat("batch_size ", spec.batch_size, " x d_model ", d.d_model,
                        " x 4 bytes exceeds the ", kMaxBatchBytes >> 20,
                        " MiB message limit; use at most ",
@@ -328,7 +369,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
           service_->streams().scans, *reader, (*reader)->info().dir_name, spec,
           req.seed(), req.resume_token(), peer_);
       if (!stream.ok()) {
-        FinishWith(stream.status());
+        EndProducer(stream.status());
         return;
       }
       shuffled_ = std::move(*stream);
@@ -337,7 +378,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       auto stream = OrderedStream::Create(*reader, (*reader)->info().dir_name,
                                           spec, req.resume_token());
       if (!stream.ok()) {
-        FinishWith(stream.status());
+        EndProducer(stream.status());
         return;
       }
       stream_ = std::move(*stream);
@@ -356,18 +397,19 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void Produce() {
-    if (cancelled_.load()) {
-      FinishWith(absl::CancelledError("the client cancelled"));
+    if (Cancelled()) {
+      EndProducer(absl::CancelledError("the client cancelled"));
       return;
     }
-    if (buffer_ == nullptr)
+    if (buffer_ == nullptr) {
       buffer_ = service_->streams().buffers->Get(batch_bytes_);
+    }
     const VectorDest dest{buffer_->data, buffer_->size};
     bool have_batch = false;
     if (stream_ != nullptr) {
       absl::StatusOr<bool> more = stream_->Next(dest, &batch_);
       if (!more.ok()) {
-        FinishWith(more.status());
+        EndProducer(more.status());
         return;
       }
       have_batch = *more;
@@ -379,18 +421,18 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       absl::StatusOr<ShuffledStream::Fill> fill =
           shuffled_->Next(dest, &batch_, [this] { Kick(/*cancel=*/false); });
       if (!fill.ok()) {
-        FinishWith(fill.status());
+        EndProducer(fill.status());
         return;
       }
       if (*fill == ShuffledStream::Fill::kPending) {
         bool again = false;
         {
           MutexLock lock(&mu_);
-          if (rerun_ || cancelled_.load()) {
+          if (rerun_ || cancelled_) {
             rerun_ = false;
             again = true;
           } else {
-            state_ = State::kWaiting;
+            producer_ = Producer::kWaiting;
           }
         }
         if (again) Schedule();
@@ -399,39 +441,64 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       have_batch = *fill == ShuffledStream::Fill::kBatch;
     }
     if (!have_batch) {
-      FinishWith(absl::OkStatus());
+      EndProducer(absl::OkStatus());
       return;
     }
     const size_t payload = static_cast<size_t>(batch_.rows) * vector_bytes_;
-    reply_ = BatchReply(batch_, d_model_, buffer_, payload);
+    grpc::ByteBuffer reply = BatchReply(batch_, d_model_, buffer_, payload);
     buffer_ = nullptr;  // the reply's slice owns it now
     ++batches_;
-    bytes_ += reply_.Length();
+    bytes_ += reply.Length();
     Metrics* m = service_->metrics();
     m->batches_sent++;
-    m->bytes_served += reply_.Length();
+    m->bytes_served += reply.Length();
     m->bytes_delivered += payload;
+    bool start = false;
     {
       MutexLock lock(&mu_);
-      state_ = State::kWriting;
       rerun_ = false;
+      if (!writing_) {
+        reply_ = std::move(reply);
+        writing_ = start = true;  // and go on with the next batch
+      } else {
+        ready_ = std::move(reply);  // wait for the write slot
+        producer_ = Producer::kIdle;
+      }
     }
-    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-    StartWrite(&reply_);
+    if (start) {
+      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+      StartWrite(&reply_);
+      Schedule();
+    }
   }
 
-  void FinishWith(const absl::Status& status) {
+  bool Cancelled() {
+    MutexLock lock(&mu_);
+    return cancelled_;
+  }
+
+  // The end status is kept as code and text, not as an absl::Status: a
+  // Status shared between threads is released inside Debian's Abseil,
+  // which ThreadSanitizer cannot see synchronise.
+  void SetEnd(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    end_code_ = status.code();
+    end_message_ = std::string(status.message());
+  }
+
+  // Called once: the producer is done and nothing is being written.
+  void Done() {
     // Leave the scan first: once the subscription is gone the scan never
-    // calls our waker again.
+    // calls our waker again (a waker running now finds the producer done).
     shuffled_.reset();
     stream_.reset();
     if (buffer_ != nullptr) {
       BufferPool::Return(buffer_);
       buffer_ = nullptr;
     }
+    absl::Status status;
     {
       MutexLock lock(&mu_);
-      state_ = State::kFinished;
+      status = absl::Status(end_code_, end_message_);
     }
     service_->metrics()->CallDone(status.code());
     final_status_ = status.ToString();
@@ -445,7 +512,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   const QueryService* service_;
   const std::string peer_;
   grpc::ByteBuffer request_;
-  grpc::ByteBuffer reply_;
+  grpc::ByteBuffer reply_;                    // the batch being written
   std::unique_ptr<OrderedStream> stream_;     // ORDER_ORDERED
   std::unique_ptr<ShuffledStream> shuffled_;  // ORDER_SHUFFLED
   StreamBatch batch_;
@@ -453,10 +520,14 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   size_t batch_bytes_ = 0;
   int64_t d_model_ = 0;
   uint64_t vector_bytes_ = 0;
-  std::atomic<bool> cancelled_{false};
   Mutex mu_;
-  State state_ ABSL_GUARDED_BY(mu_) = State::kProducing;
+  Producer producer_ ABSL_GUARDED_BY(mu_) = Producer::kRunning;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool rerun_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);
+  absl::StatusCode end_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
+  std::string end_message_ ABSL_GUARDED_BY(mu_);
   int64_t batches_ = 0;
   uint64_t bytes_ = 0;
   std::string final_status_;
