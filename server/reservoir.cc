@@ -91,6 +91,8 @@ absl::Status Reservoir::Reserve(int64_t slots, const std::string& what) {
         "cannot reserve a negative number of blocks (", slots, ")"));
   }
   MutexLock lock(&mu_);
+  // Overflow lent out does not count: it is taken back (ScanRegistry
+  // reclaims it) when a new reservation needs the room.
   if (reserved_ + slots > num_slots_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the reservoir cannot take this stream: it needs ", slots,
@@ -113,6 +115,38 @@ void Reservoir::Unreserve(int64_t slots) {
     return;
   }
   reserved_ -= slots;
+}
+
+bool Reservoir::TryTakeOverflow() {
+  MutexLock lock(&mu_);
+  if (overflow_ + reserved_ >= num_slots_) return false;
+  ++overflow_;
+  return true;
+}
+
+void Reservoir::ReturnOverflow(int64_t n) {
+  MutexLock lock(&mu_);
+  if (n < 0 || n > overflow_) {
+    LogError("reservoir: returning ", n, " overflow blocks of ", overflow_,
+             " taken (bug); ignored");
+    return;
+  }
+  overflow_ -= n;
+}
+
+int64_t Reservoir::overflow_available() const {
+  MutexLock lock(&mu_);
+  return std::max<int64_t>(0, num_slots_ - reserved_ - overflow_);
+}
+
+int64_t Reservoir::overflow_excess() const {
+  MutexLock lock(&mu_);
+  return std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
+}
+
+int64_t Reservoir::overflow_taken() const {
+  MutexLock lock(&mu_);
+  return overflow_;
 }
 
 std::optional<int32_t> Reservoir::TryAcquire() {

@@ -49,10 +49,23 @@ class Reservoir {
 
   /// Reserves `slots` for a new stream; RESOURCE_EXHAUSTED with the numbers
   /// (and `what` the stream needs them for) when they are not available.
+  /// Overflow lent out does not count against it (see overflow_excess).
   absl::Status Reserve(int64_t slots, const std::string& what)
       ABSL_LOCKS_EXCLUDED(mu_);
   /// Returns a reservation made by Reserve().
   void Unreserve(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// Overflow: slots beyond every stream's reservation (num_slots minus the
+  /// reserved ones) that scans may use to let a stream fall behind further
+  /// than its lag bound. Taking one succeeds while the total taken stays
+  /// within that spare, so reservations always remain honourable.
+  bool TryTakeOverflow() ABSL_LOCKS_EXCLUDED(mu_);
+  void ReturnOverflow(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t overflow_taken() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t overflow_available() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Overflow lent beyond what the reservations now leave (after a new
+  /// Reserve): to be reclaimed.
+  int64_t overflow_excess() const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// A free slot (lowest index first), or nothing when all are in use.
   std::optional<int32_t> TryAcquire() ABSL_LOCKS_EXCLUDED(mu_);
@@ -92,6 +105,7 @@ class Reservoir {
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
   std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t overflow_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardcast

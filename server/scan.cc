@@ -174,6 +174,15 @@ void SharedScan::Arm(Subscriber& s) {
   Need(s, s.base);
 }
 
+void SharedScan::Settle(Subscriber& s) {
+  const int64_t beyond = std::max<int64_t>(
+      0, static_cast<int64_t>(s.queue.size()) - options_.lag_blocks);
+  if (s.overflow > beyond) {
+    reservoir_->ReturnOverflow(s.overflow - beyond);
+    s.overflow = beyond;
+  }
+}
+
 bool SharedScan::Starving(const Subscriber& s) const {
   // Its client is blocked waiting for a block that has not been read: the
   // only case in which waiting for a laggard holds someone back.
@@ -227,7 +236,9 @@ void SharedScan::ClaimResident(Subscriber& s) {
       continue;
     }
     const int64_t b = it->second.block;
-    if (s.queue.size() < lag && s.needed.Has(b)) {
+    if (s.needed.Has(b) &&
+        (s.queue.size() < lag || reservoir_->TryTakeOverflow())) {
+      if (s.queue.size() >= lag) ++s.overflow;
       Unneed(s, b);
       s.queue.push_back({it->first, b, s.deliver_epoch, std::move(data)});
       ++s.delivered;
@@ -249,6 +260,8 @@ void SharedScan::Unsubscribe(uint64_t id) {
             " deferred by the lag bound); scan has read ", blocks_read_,
             " blocks, ", bytes_read_, " bytes");
     DropNeeds(it->second);
+    it->second.queue.clear();
+    Settle(it->second);
     subs_.erase(it);  // drops its queued blocks
   }
   engine_->Wake();
@@ -280,6 +293,7 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
       t.kind = Take::kBlock;  // the queue has room again: wake the engine
       t.block = std::move(s.queue.front().data);
       s.queue.pop_front();
+      Settle(s);
     } else if ((s.queue.empty() || s.queue.front().epoch > epoch) &&
                (s.deliver_epoch > epoch || s.needed.count() == 0)) {
       t.kind = Take::kDelivered;
@@ -307,6 +321,31 @@ BlockSet SharedScan::Untaken(uint64_t id, int64_t epoch) const {
   return out;
 }
 
+int64_t SharedScan::ReclaimOverflow(int64_t n) {
+  int64_t given = 0;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, s] : subs_) {
+      while (given < n && s.overflow > 0 && !s.queue.empty() &&
+             s.queue.back().epoch == s.deliver_epoch) {
+        const int64_t b = s.queue.back().block;
+        s.queue.pop_back();
+        if (!s.needed.Has(b)) {
+          s.needed.Set(b);
+          ++need_count_[static_cast<size_t>(b)];
+          ++total_need_;
+        }
+        --s.overflow;
+        ++s.skipped;
+        ++given;
+        reservoir_->ReturnOverflow(1);
+      }
+    }
+  }
+  if (given > 0) engine_->Wake();
+  return given;
+}
+
 void SharedScan::AddDelivered(uint64_t id, uint64_t bytes) {
   MutexLock lock(&mu_);
   auto it = subs_.find(id);
@@ -331,13 +370,16 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
       ++position_;
       continue;
     }
-    bool all_room = true, any_room = false;
+    bool any_room = false;
+    int64_t full = 0;  // needers a full lag bound behind
     for (const auto& [id, s] : subs_) {
       if (!s.needed.Has(b)) continue;
       const bool room = s.queue.size() < lag;
-      all_room = all_room && room;
       any_room = any_room || room;
+      if (!room) ++full;
     }
+    // Full needers may still take it with spare reservoir memory.
+    const bool all_room = full == 0 || reservoir_->overflow_available() >= full;
     if (!all_room) {
       // Someone who needs this block is a full lag bound behind. Wait for
       // it, unless another subscriber is starving: then leave the laggard
@@ -372,8 +414,11 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
     for (auto& [id, s] : subs_) {
       if (!s.needed.Has(b)) continue;
       if (s.queue.size() >= lag) {
-        ++s.skipped;
-        continue;
+        if (!reservoir_->TryTakeOverflow()) {
+          ++s.skipped;
+          continue;
+        }
+        ++s.overflow;
       }
       Unneed(s, b);
       s.queue.push_back({read_id, b, s.deliver_epoch, nullptr});
@@ -482,6 +527,7 @@ void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,
     if (!s.error.ok()) {
       DropNeeds(s);
       s.queue.clear();
+      Settle(s);
       Wake(s);
     } else if (!s.queue.empty() && s.queue.front().data != nullptr) {
       Wake(s);
@@ -611,6 +657,13 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   subscription->registry_ = this;
   subscription->scan_ = it->second;
   subscription->id_ = it->second->Subscribe(std::move(sub));
+  // The new reservation may need memory that laggards borrowed beyond their
+  // lag bounds: take it back.
+  int64_t excess = reservoir_->overflow_excess();
+  for (auto& [key, scan] : scans_) {
+    if (excess <= 0) break;
+    excess -= scan->ReclaimOverflow(excess);
+  }
   return subscription;
 }
 

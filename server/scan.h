@@ -17,13 +17,15 @@
 // stay together across epochs.
 //
 // Memory and lag. Delivered blocks wait in a subscriber's queue (FIFO, in
-// scan order) until the client moves them into its shuffle window. A queue
-// holds at most `lag_blocks`; a subscriber whose queue is full while another
-// one is starving (empty queue, blocks still to come) is skipped for that
-// block and gets it on a later cycle. Otherwise the scan waits for it, so
-// clients that keep up with each other never cost a second read. Every
-// stream reserves window + lag slots in the reservoir, so slots never run out
-// and a slow client holds back the others by at most its lag bound.
+// scan order) until the client moves them into its shuffle window. Every
+// stream reserves window + lag_blocks slots in the reservoir, so slots never
+// run out: a queue may always hold `lag_blocks`, and more while the
+// reservoir has slots nobody reserved (overflow). A subscriber whose queue
+// is full and can get no overflow while another one is starving (blocked,
+// waiting for a block not read yet) is skipped for that block and gets it on
+// a later cycle; otherwise the scan waits for it. So clients that keep up
+// with each other (within the lag bound plus spare memory) never cost a
+// second read, and a slow client holds back the others by at most that.
 //
 // Clients launched together (trainers of one job, ranks of one node) reach
 // the daemon some milliseconds apart; a new scan waits `start_delay` before
@@ -176,6 +178,10 @@ class SharedScan final : public BlockSource,
       ABSL_LOCKS_EXCLUDED(mu_);
   /// Blocks of `epoch` not yet taken by `id` (still needed or queued).
   BlockSet Untaken(uint64_t id, int64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Gives back up to `n` reservoir overflow units by dropping the newest
+  /// queued blocks beyond subscribers' lag bounds (they become needed again,
+  /// as if deferred). Returns how many were given back.
+  int64_t ReclaimOverflow(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
   /// Adds to the subscriber's delivered-bytes figure.
   void AddDelivered(uint64_t id, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -202,6 +208,7 @@ class SharedScan final : public BlockSource,
     std::deque<Queued> queue;
     std::function<void()> waker;
     absl::Status error;
+    int64_t overflow = 0;  // reservoir overflow units held (queue beyond lag)
     uint64_t delivered = 0, skipped = 0, bytes = 0;
   };
   void NewCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,6 +220,8 @@ class SharedScan final : public BlockSource,
   void Unneed(Subscriber& s, int64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Returns overflow units `s` no longer needs (its queue shrank).
+  void Settle(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Queues for `s` the resident blocks it needs, in issue order.
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);

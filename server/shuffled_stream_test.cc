@@ -369,6 +369,7 @@ TEST_F(ShuffledStreamTest,
   EngineConfig c;
   c.window = 2;
   c.lag = 2;
+  c.slots = 8;  // exactly the two reservations: no spare to absorb a laggard
   StartEngine(c);
   StreamSpec spec;
   spec.batch_size = 10;
@@ -410,6 +411,83 @@ TEST_F(ShuffledStreamTest,
   for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(Sorted(Epoch(fast_out, e)), want);
   EXPECT_EQ(Sorted(slow_out.rows), want)
       << "the slow client lost or repeated vectors";
+}
+
+TEST_F(ShuffledStreamTest,
+       SpareReservoirMemoryAbsorbsASlowClientWithoutReReads) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 2;  // a tiny guaranteed bound, but 500 unreserved slots
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 1;
+  StreamSpec fast_spec = spec;
+  fast_spec.epochs = 3;
+  auto slow = Open(spec, 1);
+  auto fast = Open(fast_spec, 2);
+  std::atomic<int> slow_batches{0};
+  Drained fast_out, slow_out;
+  std::thread slow_thread([&] {
+    slow_out = Drain(slow.get(), 10, -1, 0, [&](int) {
+      ++slow_batches;
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    });
+  });
+  fast_out = Drain(fast.get(), 10, -1, 0);
+  EXPECT_LT(slow_batches.load(), 12) << "the fast client was held back";
+  EXPECT_GT(reservoir_->overflow_taken(), 0) << "the laggard did not overflow";
+  slow_thread.join();
+  ASSERT_TRUE(fast_out.status.ok()) << fast_out.status;
+  ASSERT_TRUE(slow_out.status.ok()) << slow_out.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(Sorted(Epoch(fast_out, e)), want);
+  EXPECT_EQ(Sorted(slow_out.rows), want);
+  // The slow client's epoch came entirely from the fast one's passes.
+  EXPECT_LE(engine_->blocks_read(), static_cast<uint64_t>(3 * NumBlocks(spec)));
+  slow.reset();
+  fast.reset();
+  EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not returned";
+}
+
+TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClient) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 2;
+  c.slots = 12;  // three reservations of 4; 8 spare while one stream runs
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  auto paused = Open(spec, 1);
+  Drained head = Drain(paused.get(), 10, 1, 0);  // then it stops reading
+  ASSERT_TRUE(head.status.ok()) << head.status;
+  for (int i = 0; i < 500 && reservoir_->overflow_taken() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(reservoir_->overflow_taken(), 8) << "the paused client's queue "
+                                                "did not grow into the spare";
+  auto a = Open(spec, 2);  // admitted: reservations are guarantees
+  auto b = Open(spec, 3);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not taken back";
+  Drained out_a, out_b;
+  std::thread ta([&] { out_a = Drain(a.get(), 10, -1, 0); });
+  std::thread tb([&] { out_b = Drain(b.get(), 10, -1, 0); });
+  ta.join();
+  tb.join();
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  ASSERT_TRUE(out_a.status.ok()) << out_a.status;
+  ASSERT_TRUE(out_b.status.ok()) << out_b.status;
+  EXPECT_EQ(Sorted(out_a.rows), want);
+  EXPECT_EQ(Sorted(out_b.rows), want);
+  Drained rest = Drain(paused.get(), 10, -1, 0);  // it wakes up
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  std::vector<Row> all = head.rows;
+  all.insert(all.end(), rest.rows.begin(), rest.rows.end());
+  EXPECT_EQ(Sorted(all), want) << "the paused client lost or repeated vectors";
 }
 
 TEST_F(ShuffledStreamTest,
@@ -612,7 +690,8 @@ TEST_F(ShuffledStreamTest, TheReservoirRefusesAStreamItCannotHold) {
 
 TEST_F(ShuffledStreamTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
   EngineConfig c;
-  c.lag = 2;  // little read-ahead, so most blocks are read after the cut
+  c.lag = 2;    // little read-ahead (and no spare memory to read further),
+  c.slots = 6;  // so most blocks are read after the cut
   StartEngine(c);
   StreamSpec spec;
   spec.batch_size = 10;

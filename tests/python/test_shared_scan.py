@@ -306,8 +306,11 @@ def test_shard_truncated_mid_stream_is_data_loss_and_the_daemon_serves_on(
     root.mkdir()
     victim = _synth(root, "--layers", "0,1", "--tokens", 8, "--d-model", 16,
                     "--examples", 40, "--budget", 64, "--seed", 17)
+    # One stream's reservation and no spare: little read-ahead, so most
+    # blocks are read after the cut.
     d = start_daemon(victim, sockdir, tmp_path, "trunc", "--block-bytes", "1K",
-                     "--lag-blocks", "2", "--shuffle-window", "2")
+                     "--lag-blocks", "2", "--shuffle-window", "2",
+                     "--reservoir-bytes", "4K")
     try:
         d.wait_ready(stubs)
         with grpc.insecure_channel(d.address()) as ch:
