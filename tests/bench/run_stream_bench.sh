@@ -62,7 +62,8 @@ SOCK=$BENCH_DIR/stream.sock
 "$SCD" --root "$ROOT" --listen "unix:$SOCK" --reservoir-bytes "$RESERVOIR" \
   --prefault $DAEMON_FLAGS 2> "$OUT/daemon.log" &
 DAEMON=$!
-trap 'kill $DAEMON 2>/dev/null || true' EXIT
+LOCK=
+trap 'kill $DAEMON $LOCK 2>/dev/null || true' EXIT
 for _ in $(seq 300); do [[ -S "$SOCK" ]] && break; sleep 0.1; done
 [[ -S "$SOCK" ]] || { echo "shardcastd did not start:" >&2; cat "$OUT/daemon.log" >&2; exit 1; }
 
@@ -83,7 +84,7 @@ run_bench cold-4 4 --cold
 # Warm: bench's first fio pass reads the files into the page cache (2.5 GiB
 # fits), and they are locked there for the run (idle page cache is evicted
 # after ~30 s on these VMs).
-vmtouch -tqdl "${SHARDS[@]}" & LOCK=$!
+vmtouch -tql "${SHARDS[@]}" & LOCK=$!  # -l without -d: holds the lock until killed
 sleep 3
 run_bench warm-1 1
 run_bench warm-4 4
@@ -95,6 +96,7 @@ for n in 1 4; do
     --clients "$n" --fork --parse-protobuf --malloc-keep --json > "$OUT/bare-$n.json"
 done
 kill $LOCK 2>/dev/null || true
+wait $LOCK 2>/dev/null || true
 
 $PY - "$OUT" "$RESERVOIR" <<'PY'
 import json, sys
@@ -113,6 +115,9 @@ for name in ("cold-1", "cold-4", "warm-1", "warm-4"):
     io = j.get("proc_io_read_bytes")
     rss = j.get("daemon_hwm_bytes") or j["daemon_rss_bytes"]
     bound = res * 1.1 + (64 << 20)
+    if name.startswith("cold") and (io is None or io < 0.5 * sel):
+        print(f"WARNING: {name} was not cold: only {io} bytes came from storage "
+              f"(files locked in memory? a stray `vmtouch -l`?)", file=sys.stderr)
     print(f"| {name} | {len(per)} | {' / '.join(f'{mib(p):.0f}' for p in per)} | {mib(fio):.0f} | "
           f"{' / '.join(f'{p / fio:.2f}' for p in per)} | "
           f"{j['daemon_disk_read_bytes'] / sel:.3f}, {'-' if io is None else f'{io / sel:.3f}'} | "
