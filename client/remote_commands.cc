@@ -399,11 +399,64 @@ int RunStatus(const Args& args) {
   j["memory_rss_bytes"] = s->memory_rss_bytes();
   j["datasets_ok"] = s->datasets_ok();
   j["datasets_failed"] = s->datasets_failed();
+  j["reservoir_bytes"] = s->reservoir_bytes();
+  j["reservoir_bytes_in_use"] = s->reservoir_bytes_in_use();
+  j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved();
+  j["blocks_read"] = s->blocks_read();
+  j["bytes_delivered"] = s->bytes_delivered();
+  OrderedJson scans = OrderedJson::array();
+  for (const v1::ScanStatus& scan : s->scans()) {
+    OrderedJson sj;
+    sj["dataset"] = scan.dataset();
+    sj["selection"] = scan.selection();
+    sj["blocks"] = scan.blocks();
+    sj["cycle"] = scan.cycle();
+    sj["position"] = scan.position();
+    sj["blocks_read"] = scan.blocks_read();
+    sj["bytes_read"] = scan.bytes_read();
+    OrderedJson clients = OrderedJson::array();
+    for (const v1::ScanClient& c : scan.clients()) {
+      OrderedJson cj;
+      cj["peer"] = c.peer();
+      cj["rank"] = c.rank();
+      cj["world_size"] = c.world_size();
+      cj["epoch"] = c.epoch();
+      cj["lag_blocks"] = c.lag_blocks();
+      cj["blocks_needed"] = c.blocks_needed();
+      cj["blocks_delivered"] = c.blocks_delivered();
+      cj["blocks_skipped"] = c.blocks_skipped();
+      cj["bytes_delivered"] = c.bytes_delivered();
+      clients.push_back(cj);
+    }
+    sj["clients"] = clients;
+    scans.push_back(sj);
+  }
   if (args.Has("json")) {
+    j["scans"] = scans;
     std::printf("%s\n", JsonText(j, 2).c_str());
-  } else {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      std::printf("%-22s %s\n", it.key().c_str(), JsonText(it.value()).c_str());
+    return kExitOk;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::printf("%-26s %s\n", it.key().c_str(), JsonText(it.value()).c_str());
+  }
+  for (const OrderedJson& sj : scans) {
+    std::printf(
+        "scan %s (%s): cycle %lld, position %lld of %lld blocks, "
+        "%lld blocks read\n",
+        sj["dataset"].get<std::string>().substr(0, 12).c_str(),
+        sj["selection"].get<std::string>().c_str(),
+        sj["cycle"].get<long long>(), sj["position"].get<long long>(),
+        sj["blocks"].get<long long>(), sj["blocks_read"].get<long long>());
+    for (const OrderedJson& cj : sj["clients"]) {
+      std::printf(
+          "  client %s rank %lld/%lld: epoch %lld, lag %lld blocks, "
+          "%lld still needed, %lld delivered, %lld deferred\n",
+          cj["peer"].get<std::string>().c_str(), cj["rank"].get<long long>(),
+          cj["world_size"].get<long long>(), cj["epoch"].get<long long>(),
+          cj["lag_blocks"].get<long long>(),
+          cj["blocks_needed"].get<long long>(),
+          cj["blocks_delivered"].get<long long>(),
+          cj["blocks_skipped"].get<long long>());
     }
   }
   return kExitOk;
@@ -509,8 +562,11 @@ std::vector<Command> RemoteCommands() {
       BenchCommand(),
       {"status",
        "--server A status [--json]",
-       "the daemon's uptime, clients, calls, bytes, memory",
-       "Prints the daemon's counters (Admin.GetStatus).",
+       "the daemon's uptime, clients, calls, bytes, memory, shared scans",
+       "Prints the daemon's counters (Admin.GetStatus): calls, bytes served "
+       "and read, memory, the reservoir, and each shared scan with its "
+       "clients (epoch, lag in blocks, blocks still needed, delivered and "
+       "deferred by the lag bound).",
        {json},
        RunStatus},
   };
