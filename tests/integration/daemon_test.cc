@@ -753,5 +753,39 @@ TEST_F(DaemonTest, ShuffledStreamIsAPermutationAndResumesWhereItStopped) {
   EXPECT_EQ(rows, sorted);
 }
 
+TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
+  // A long gather delay: the stream waits for its scan's first read, holding
+  // no worker, and a cancel must still end it and free its reservation.
+  daemon_ = StartDaemon({"--scan-start-delay-ms", "30000"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  v1::StreamRequest req;
+  req.set_dataset(main_id_);
+  req.set_order(v1::ORDER_SHUFFLED);
+  req.set_batch_size(10);
+  req.set_epochs(0);
+  const auto start = std::chrono::steady_clock::now();
+  auto stream = client->OpenStream(req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->scans_size(), 1);
+  EXPECT_GT(status->reservoir_bytes_reserved(), 0u);
+  stream->Cancel();
+  v1::Batch b;
+  EXPECT_FALSE(stream->Next(&b)) << "a batch before the gather delay ended";
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (int i = 0; i < 200; ++i) {
+    status = client->GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->scans_size() == 0 && status->connected_clients() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(status->scans_size(), 0);
+  EXPECT_EQ(status->connected_clients(), 0);
+  EXPECT_EQ(status->reservoir_bytes_reserved(), 0u);
+}
+
 }  // namespace
 }  // namespace shardcast
