@@ -30,6 +30,20 @@ inline void TsanRelease(void* addr) {
 #endif
 }
 
+/// For the whole of a reactor callback: acquires on entry, releases on exit,
+/// so that whatever gRPC runs after this callback (OnDone after OnCancel,
+/// say) is ordered after it for TSan too. Not for OnDone (it deletes).
+class TsanReaction {
+ public:
+  explicit TsanReaction(void* addr) : addr_(addr) { TsanAcquire(addr_); }
+  ~TsanReaction() { TsanRelease(addr_); }
+  TsanReaction(const TsanReaction&) = delete;
+  TsanReaction& operator=(const TsanReaction&) = delete;
+
+ private:
+  void* addr_;
+};
+
 }  // namespace shardcast
 
 #endif  // SHARDCAST_COMMON_TSAN_H_

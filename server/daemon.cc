@@ -374,13 +374,14 @@ void Daemon::Shutdown() {
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
   d->pool.reset();  // runs what is queued; their reactors are already done
-  // Every stream has left its scan; stop the engine (it finishes the reads
-  // in flight), which lets go of the scans and their blocks.
-  d->read_engine.reset();
+  // /metrics reads the engine: stop the HTTP endpoint before the engine.
   if (d->http != nullptr) {
     d->http->stop();
     if (d->http_thread.joinable()) d->http_thread.join();
   }
+  // Every stream has left its scan; stop the engine (it finishes the reads
+  // in flight), which lets go of the scans and their blocks.
+  d->read_engine.reset();
   if (!d->options.unix_socket.empty()) {
     ::unlink(d->options.unix_socket.c_str());
     ::unlink(absl::StrCat(d->options.unix_socket, ".lock").c_str());

@@ -215,7 +215,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnReadDone(bool ok) override {
-    TsanAcquire(this);
+    TsanReaction reaction(this);
     if (!ok) {
       EndProducer(
           absl::InvalidArgumentError("Stream: the client sent no request"));
@@ -228,7 +228,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnWriteDone(bool ok) override {
-    TsanAcquire(this);
+    TsanReaction reaction(this);
     bool start = false, schedule = false, finish = false;
     {
       MutexLock lock(&mu_);
@@ -261,7 +261,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnCancel() override {
-    TsanAcquire(this);
+    TsanReaction reaction(this);
     Kick(/*cancel=*/true);
   }
 

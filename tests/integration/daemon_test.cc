@@ -766,16 +766,21 @@ TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
   req.set_epochs(0);
   const auto start = std::chrono::steady_clock::now();
   auto stream = client->OpenStream(req);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  auto status = client->GetStatus();
-  ASSERT_TRUE(status.ok());
+  absl::StatusOr<v1::ServerStatus> status;
+  for (int i = 0; i < 1000; ++i) {  // until the stream has joined its scan
+    status = client->GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->scans_size() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_EQ(status->scans_size(), 1);
   EXPECT_GT(status->reservoir_bytes_reserved(), 0u);
   stream->Cancel();
   v1::Batch b;
   EXPECT_FALSE(stream->Next(&b)) << "a batch before the gather delay ended";
   EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
+      << "the cancel waited for the 30 s gather delay";
   for (int i = 0; i < 200; ++i) {
     status = client->GetStatus();
     ASSERT_TRUE(status.ok());
