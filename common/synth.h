@@ -14,6 +14,13 @@ inline uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/// Maps a uniform 64-bit `random` to a uniform index in [0, n) (Lemire's
+/// multiply-shift, no modulo bias worth the name for n far below 2^64).
+inline uint64_t UniformIndex(uint64_t random, uint64_t n) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(random) * n) >>
+                               64);
+}
+
 /// Value of element `index` of the logical [N, L, T, D] tensor of a dataset
 /// synthesised with `seed`: uniform in [-1, 1), never all zeros. Any reader
 /// can recompute it: float((h >> 40) / 2^24 * 2 - 1), h = SplitMix64(seed *

@@ -25,8 +25,6 @@
 #include "server/grpc_services.h"
 #include "server/log.h"
 #include "server/metrics.h"
-#include "server/read_engine.h"
-#include "server/reservoir.h"
 #include "server/scan.h"
 #include "server/worker_pool.h"
 
@@ -132,10 +130,9 @@ struct Daemon::Impl {
   std::unique_ptr<Catalog> catalog;
   std::unique_ptr<QueryEngine> engine;
   std::unique_ptr<WorkerPool> pool;
-  // The streaming engine; declared before the server so that it outlives
-  // the payload slices gRPC still holds when the server goes.
-  std::unique_ptr<Reservoir> reservoir;
-  std::unique_ptr<ReadEngine> read_engine;
+  // The streaming engine (scans with their reservoir and read engine);
+  // declared before the server so that it outlives the payload slices gRPC
+  // still holds when the server goes.
   std::unique_ptr<ScanRegistry> scans;
   std::unique_ptr<BufferPool> buffers;
   std::unique_ptr<QueryService> query_service;
@@ -160,29 +157,23 @@ struct Daemon::Impl {
     LogInfo("catalog: ", ok, " dataset(s) served, ", failed, " rejected");
   }
 
-  StreamServices Streams() {
-    return {scans.get(), buffers.get(), read_engine.get(), reservoir.get()};
-  }
+  StreamServices Streams() { return {scans.get(), buffers.get()}; }
 
   absl::Status StartEngine() {
-    ReservoirOptions r;
-    r.bytes = options.reservoir_bytes;
-    r.slot_bytes = options.block_bytes;
-    r.prefault = options.prefault;
-    ASSIGN_OR_RETURN(reservoir, Reservoir::Create(r));
-    ReadEngineOptions e;
-    e.queue_depth = options.queue_depth;
-    e.read_bytes = options.read_bytes;
-    e.register_buffers = options.direct_io;
-    ASSIGN_OR_RETURN(read_engine, ReadEngine::Start(e, reservoir.get()));
-    ReadEngine* engine = read_engine.get();
-    reservoir->SetReleaseListener([engine] { engine->Wake(); });
-    ScanOptions so;
-    so.window_blocks = options.shuffle_window;
-    so.lag_blocks = options.lag_blocks;
-    so.direct_io = options.direct_io;
-    so.start_delay = std::chrono::milliseconds(options.scan_start_delay_ms);
-    scans = std::make_unique<ScanRegistry>(engine, reservoir.get(), so);
+    ScanRegistry::Options o;
+    o.reservoir.bytes = options.reservoir_bytes;
+    o.reservoir.slot_bytes = options.block_bytes;
+    o.reservoir.prefault = options.prefault;
+    o.reads.queue_depth = options.queue_depth;
+    o.reads.read_bytes = options.read_bytes;
+    o.scans.window_blocks = options.shuffle_window;
+    o.scans.lag_blocks = options.lag_blocks;
+    o.scans.direct_io = options.direct_io;
+    o.scans.start_delay =
+        std::chrono::milliseconds(options.scan_start_delay_ms);
+    ASSIGN_OR_RETURN(scans, ScanRegistry::Start(o));
+    const Reservoir* reservoir = scans->reservoir();
+    const ReadEngine* engine = scans->engine();
     // Idle batch buffers kept for reuse: a few per stream at most.
     buffers = std::make_unique<BufferPool>(256ull << 20);
     LogInfo("reservoir ", reservoir->bytes() >> 20, " MiB in ",
@@ -381,7 +372,7 @@ void Daemon::Shutdown() {
   }
   // Every stream has left its scan; stop the engine (it finishes the reads
   // in flight), which lets go of the scans and their blocks.
-  d->read_engine.reset();
+  d->scans.reset();
   if (!d->options.unix_socket.empty()) {
     ::unlink(d->options.unix_socket.c_str());
     ::unlink(absl::StrCat(d->options.unix_socket, ".lock").c_str());

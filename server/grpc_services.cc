@@ -668,19 +668,16 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
 
 EngineFigures CollectEngineFigures(const StreamServices& streams) {
   EngineFigures e;
-  if (streams.reservoir != nullptr) {
-    const uint64_t slot = streams.reservoir->slot_bytes();
-    e.reservoir_bytes = streams.reservoir->bytes();
-    e.reservoir_bytes_in_use =
-        static_cast<uint64_t>(streams.reservoir->slots_in_use()) * slot;
-    e.reservoir_bytes_reserved =
-        static_cast<uint64_t>(streams.reservoir->slots_reserved()) * slot;
-  }
-  if (streams.engine != nullptr) {
-    e.blocks_read = streams.engine->blocks_read();
-    e.bytes_read = streams.engine->bytes_read();
-  }
-  if (streams.scans != nullptr) e.scans = streams.scans->Status();
+  if (streams.scans == nullptr) return e;
+  const Reservoir& r = *streams.scans->reservoir();
+  e.reservoir_bytes = r.bytes();
+  e.reservoir_bytes_in_use =
+      static_cast<uint64_t>(r.slots_in_use()) * r.slot_bytes();
+  e.reservoir_bytes_reserved =
+      static_cast<uint64_t>(r.slots_reserved()) * r.slot_bytes();
+  e.blocks_read = streams.scans->engine()->blocks_read();
+  e.bytes_read = streams.scans->engine()->bytes_read();
+  e.scans = streams.scans->Status();
   return e;
 }
 

@@ -16,8 +16,6 @@
 #include "server/catalog.h"
 #include "server/metrics.h"
 #include "server/query.h"
-#include "server/read_engine.h"
-#include "server/reservoir.h"
 #include "server/scan.h"
 #include "server/worker_pool.h"
 #include "shardcast/v1/shardcast.grpc.pb.h"
@@ -26,10 +24,8 @@ namespace shardcast {
 
 /// What Stream calls use besides the query engine. Not owned.
 struct StreamServices {
-  ScanRegistry* scans = nullptr;  // shared scans of shuffled streams
+  ScanRegistry* scans = nullptr;  // shared scans (their reservoir, engine)
   BufferPool* buffers = nullptr;  // batch payload buffers
-  ReadEngine* engine = nullptr;
-  Reservoir* reservoir = nullptr;
 };
 
 /// /shardcast.v1.Query/* and /shardcast.v1.Stream/Stream handled as raw byte

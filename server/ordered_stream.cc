@@ -38,6 +38,7 @@ T Get(const std::string& in, size_t at) {
 absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d,
                                             const StreamSpec& spec) {
   Selection s;
+  s.num_layers = d.num_layers();
   if (spec.layer.has_value()) {
     ASSIGN_OR_RETURN(s.layer_index, d.LayerIndex(*spec.layer));
     s.num_rows = d.n_examples;
@@ -74,6 +75,33 @@ void SizeBatchMetadata(StreamBatch* out, size_t rows, bool all_layers,
   out->token_idx.resize(rows * 4);
   out->layer.resize(all_layers ? rows * 8 : 0);
   out->labels.resize(labels ? rows : 0);
+}
+
+void SetBatchRow(StreamBatch* out, size_t i, int64_t example, int32_t content,
+                 int64_t layer_value, uint8_t label) {
+  std::memcpy(&out->example_idx[i * 8], &example, 8);
+  std::memcpy(&out->token_idx[i * 4], &content, 4);
+  if (!out->layer.empty()) std::memcpy(&out->layer[i * 8], &layer_value, 8);
+  if (!out->labels.empty()) out->labels[i] = static_cast<char>(label);
+}
+
+absl::Status CheckVectorDest(VectorDest dest, int64_t batch_size,
+                             uint64_t vector_bytes) {
+  if (dest.capacity < static_cast<uint64_t>(batch_size) * vector_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch buffer of ", dest.capacity, " bytes is smaller than a batch (",
+        batch_size, " x ", vector_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VectorLocation> Selection::Locate(const DatasetDesc& d,
+                                                 int64_t row, int64_t j) const {
+  ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example_of(row)));
+  loc.offset += (static_cast<uint64_t>(layer_of(row)) * d.tokens_per_example +
+                 static_cast<uint64_t>(token_begin + j)) *
+                d.vector_bytes();
+  return loc;
 }
 
 absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
@@ -167,11 +195,7 @@ std::string OrderedStream::ResumeToken() const {
 absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
   const DatasetDesc& d = reader_->desc();
   const uint64_t vb = d.vector_bytes();
-  if (dest.capacity < static_cast<uint64_t>(spec_.batch_size) * vb) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch buffer of ", dest.capacity, " bytes is smaller than a batch (",
-        spec_.batch_size, " x ", vb, ")"));
-  }
+  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, vb));
   const bool filter = !spec_.exclude_labels.empty();
   const bool has_labels = reader_->info().has_labels;
   const int64_t k = sel_.vectors_per_row;
@@ -196,9 +220,10 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
         const int64_t row = g / k;
         const int64_t j0 = g % k;
         const int64_t j1 = std::min<int64_t>(k, j0 + (hi_ - g));
-        const int64_t example = all_layers ? row / d.num_layers() : row;
-        const int64_t li = all_layers ? row % d.num_layers() : sel_.layer_index;
-        ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
+        const int64_t example = sel_.example_of(row);
+        const int64_t layer_value =
+            d.layers[static_cast<size_t>(sel_.layer_of(row))];
+        ASSIGN_OR_RETURN(VectorLocation row_start, sel_.Locate(d, row, 0));
         if (has_labels && label_example != example) {
           RETURN_IF_ERROR(reader_->ReadLabels(
               example, reinterpret_cast<uint8_t*>(label_row.data())));
@@ -208,12 +233,9 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
         auto flush = [&](int64_t end) {
           if (run_start < 0) return;
           ReadOp op;
-          op.fd = reader_->shard_fd(loc.shard);
-          op.path = &reader_->shard_path(loc.shard);
-          op.offset = loc.offset +
-                      (static_cast<uint64_t>(li) * d.tokens_per_example +
-                       static_cast<uint64_t>(sel_.token_begin + run_start)) *
-                          vb;
+          op.fd = reader_->shard_fd(row_start.shard);
+          op.path = &reader_->shard_path(row_start.shard);
+          op.offset = row_start.offset + static_cast<uint64_t>(run_start) * vb;
           op.length = static_cast<size_t>(end - run_start) * vb;
           op.dest =
               dest.data + static_cast<size_t>(filled - (end - run_start)) * vb;
@@ -233,14 +255,8 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
             continue;
           }
           if (run_start < 0) run_start = j;
-          const size_t i = static_cast<size_t>(filled);
-          std::memcpy(&out->example_idx[i * 8], &example, 8);
-          std::memcpy(&out->token_idx[i * 4], &content, 4);  // -1 for CLS
-          if (all_layers) {
-            const int64_t value = d.layers[static_cast<size_t>(li)];
-            std::memcpy(&out->layer[i * 8], &value, 8);
-          }
-          if (has_labels) out->labels[i] = static_cast<char>(label);
+          SetBatchRow(out, static_cast<size_t>(filled), example, content,
+                      layer_value, label);
           ++filled;
         }
         flush(j);

@@ -54,7 +54,19 @@ struct Selection {
   int64_t vectors_per_row = 0;
   int64_t token_begin = 0;   // token axis index of the first selected token
   int64_t layer_index = -1;  // -1: all layers (rows = examples * L)
+  int64_t num_layers = 1;    // the dataset's L
   int64_t num_vectors() const { return num_rows * vectors_per_row; }
+  /// The example and the layer index of a row.
+  int64_t example_of(int64_t row) const {
+    return layer_index < 0 ? row / num_layers : row;
+  }
+  int64_t layer_of(int64_t row) const {
+    return layer_index < 0 ? row % num_layers : layer_index;
+  }
+  /// Shard and byte offset of selected token `j` of `row` (protocol §2).
+  /// OUT_OF_RANGE only for a row outside the dataset.
+  absl::StatusOr<VectorLocation> Locate(const DatasetDesc& d, int64_t row,
+                                        int64_t j) const;
 
   /// INVALID_ARGUMENT for a layer that is not recorded or CLS-only on a
   /// dataset without CLS.
@@ -79,6 +91,15 @@ struct StreamBatch {
 /// when all layers are selected, labels only when the dataset has them.
 void SizeBatchMetadata(StreamBatch* out, size_t rows, bool all_layers,
                        bool labels);
+
+/// Writes row `i` of a sized batch: example, content-token index (-1 for
+/// CLS), and the layer value and label when the batch has those columns.
+void SetBatchRow(StreamBatch* out, size_t i, int64_t example, int32_t content,
+                 int64_t layer_value, uint8_t label);
+
+/// INVALID_ARGUMENT when `dest` cannot hold `batch_size` vectors.
+absl::Status CheckVectorDest(VectorDest dest, int64_t batch_size,
+                             uint64_t vector_bytes);
 
 /// Not thread-safe: one per stream, used by one worker at a time.
 class OrderedStream {

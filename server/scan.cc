@@ -12,16 +12,16 @@
 
 namespace shardcast {
 
-// ---------------------------------------------------------------- BlockSet
+// ---------------------------------------------------------------- IndexSet
 
-BlockSet::BlockSet(int64_t n, bool full)
+IndexSet::IndexSet(int64_t n, bool full)
     : n_(n), count_(0), words_(static_cast<size_t>((n + 63) / 64), 0) {
   if (full) {
     for (int64_t b = 0; b < n; ++b) Set(b);
   }
 }
 
-void BlockSet::Set(int64_t b) {
+void IndexSet::Set(int64_t b) {
   uint64_t& w = words_[static_cast<size_t>(b >> 6)];
   const uint64_t bit = uint64_t{1} << (b & 63);
   if ((w & bit) == 0) {
@@ -30,7 +30,7 @@ void BlockSet::Set(int64_t b) {
   }
 }
 
-void BlockSet::Clear(int64_t b) {
+void IndexSet::Clear(int64_t b) {
   uint64_t& w = words_[static_cast<size_t>(b >> 6)];
   const uint64_t bit = uint64_t{1} << (b & 63);
   if ((w & bit) != 0) {
@@ -39,7 +39,7 @@ void BlockSet::Clear(int64_t b) {
   }
 }
 
-std::string BlockSet::ToBytes() const {
+std::string IndexSet::ToBytes() const {
   std::string out(static_cast<size_t>((n_ + 7) / 8), '\0');
   for (int64_t b = 0; b < n_; ++b) {
     if (Has(b))
@@ -48,13 +48,13 @@ std::string BlockSet::ToBytes() const {
   return out;
 }
 
-absl::StatusOr<BlockSet> BlockSet::FromBytes(int64_t n,
+absl::StatusOr<IndexSet> IndexSet::FromBytes(int64_t n,
                                              absl::string_view bytes) {
   if (static_cast<int64_t>(bytes.size()) != (n + 7) / 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("bitmap of ", bytes.size(), " bytes for ", n, " entries"));
   }
-  BlockSet s(n);
+  IndexSet s(n);
   for (int64_t i = 0; i < static_cast<int64_t>(bytes.size()) * 8; ++i) {
     if ((static_cast<uint8_t>(bytes[static_cast<size_t>(i / 8)]) >> (i % 8)) &
         1) {
@@ -93,11 +93,28 @@ Block::~Block() {
 
 // -------------------------------------------------------------- SharedScan
 
+namespace {
+
+std::string SelectionName(const DatasetDesc& d, const Selection& sel) {
+  return absl::StrCat(
+      sel.layer_index < 0
+          ? std::string("all layers")
+          : absl::StrCat("layer ",
+                         d.layers[static_cast<size_t>(sel.layer_index)]),
+      ", ",
+      sel.vectors_per_row == 1 && d.cls_token && sel.token_begin == 0
+          ? "CLS token"
+      : sel.vectors_per_row == d.tokens_per_example ? "all tokens"
+                                                    : "content tokens");
+}
+
+}  // namespace
+
 SharedScan::SharedScan(std::shared_ptr<const DatasetReader> reader,
                        std::string dataset, BlockLayout layout,
                        ScanOptions options, Reservoir* reservoir,
                        ReadEngine* engine, std::vector<UniqueFd> fds,
-                       bool direct, uint64_t seed, int64_t first_cycle)
+                       uint64_t seed, int64_t first_cycle)
     : reader_(std::move(reader)),
       dataset_(std::move(dataset)),
       layout_(std::move(layout)),
@@ -105,8 +122,8 @@ SharedScan::SharedScan(std::shared_ptr<const DatasetReader> reader,
       reservoir_(reservoir),
       engine_(engine),
       fds_(std::move(fds)),
-      direct_(direct),
       seed_(seed),
+      selection_name_(SelectionName(reader_->desc(), layout_.sel)),
       labels_path_(reader_->labels_path()),
       start_at_(Clock::now() + options.start_delay) {
   MutexLock lock(&mu_);
@@ -125,17 +142,15 @@ void SharedScan::NewCycle() {
   uint64_t state = seed_ ^ SplitMix64(static_cast<uint64_t>(cycle_) + 1);
   for (size_t i = order_.size(); i > 1; --i) {
     state += 0x9E3779B97F4A7C15ULL;
-    const size_t j = static_cast<size_t>(
-        (static_cast<unsigned __int128>(SplitMix64(state)) * i) >> 64);
-    std::swap(order_[i - 1], order_[j]);
+    std::swap(order_[i - 1], order_[UniformIndex(SplitMix64(state), i)]);
   }
   position_ = 0;
 }
 
-BlockSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
+IndexSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
   // The blocks holding at least one vector of the subscriber's partition
   // (g mod world_size == rank).
-  BlockSet s(layout_.num_blocks);
+  IndexSet s(layout_.num_blocks);
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
     const int64_t first = layout_.first_vector(b);
     const int64_t n = layout_.vectors(b);
@@ -147,12 +162,19 @@ BlockSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
   return s;
 }
 
-void SharedScan::Need(Subscriber& s, BlockSet blocks) {
+void SharedScan::Need(Subscriber& s, IndexSet blocks) {
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
     if (blocks.Has(b)) ++need_count_[static_cast<size_t>(b)];
   }
   total_need_ += blocks.count();
   s.needed = std::move(blocks);
+}
+
+void SharedScan::Need(Subscriber& s, int64_t block) {
+  if (s.needed.Has(block)) return;
+  s.needed.Set(block);
+  ++need_count_[static_cast<size_t>(block)];
+  ++total_need_;
 }
 
 void SharedScan::Unneed(Subscriber& s, int64_t block) {
@@ -172,6 +194,22 @@ void SharedScan::Arm(Subscriber& s) {
   if (s.spec.epochs != 0 && s.deliver_epoch + 1 >= s.spec.epochs) return;
   ++s.deliver_epoch;
   Need(s, s.base);
+}
+
+bool SharedScan::Enqueue(Subscriber& s, uint64_t read_id, int64_t block,
+                         BlockRef data) {
+  const bool beyond_lag =
+      static_cast<int64_t>(s.queue.size()) >= options_.lag_blocks;
+  if (beyond_lag) {
+    if (!reservoir_->TryTakeOverflow()) return false;
+    ++s.overflow;
+  }
+  Unneed(s, block);
+  s.queue.push_back({read_id, block, s.deliver_epoch, std::move(data)});
+  ++s.delivered;
+  // Blocks issued later may already be the next epoch's for the others.
+  if (s.needed.count() == 0) Arm(s);
+  return true;
 }
 
 void SharedScan::Settle(Subscriber& s) {
@@ -207,9 +245,9 @@ uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
     if (spec.world_size < 1) spec.world_size = 1;
     s.base = BaseSet(spec);
     s.deliver_epoch = spec.epoch;
-    BlockSet needed = s.base;
+    IndexSet needed = s.base;
     if (spec.needed.has_value()) {
-      needed = BlockSet(layout_.num_blocks);
+      needed = IndexSet(layout_.num_blocks);
       for (int64_t b = 0; b < layout_.num_blocks; ++b) {
         if (spec.needed->Has(b) && s.base.Has(b)) needed.Set(b);
       }
@@ -225,7 +263,6 @@ uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
 }
 
 void SharedScan::ClaimResident(Subscriber& s) {
-  const size_t lag = static_cast<size_t>(options_.lag_blocks);
   for (auto it = resident_.begin(); it != resident_.end();) {
     const bool reading = pending_.count(it->first) != 0;
     // A block being read exists already but must not be handed out before
@@ -235,15 +272,8 @@ void SharedScan::ClaimResident(Subscriber& s) {
       it = resident_.erase(it);  // nobody holds it any more
       continue;
     }
-    const int64_t b = it->second.block;
-    if (s.needed.Has(b) &&
-        (s.queue.size() < lag || reservoir_->TryTakeOverflow())) {
-      if (s.queue.size() >= lag) ++s.overflow;
-      Unneed(s, b);
-      s.queue.push_back({it->first, b, s.deliver_epoch, std::move(data)});
-      ++s.delivered;
-      // Blocks issued later may already be the next epoch's for the others.
-      if (s.needed.count() == 0) Arm(s);
+    if (s.needed.Has(it->second.block)) {
+      Enqueue(s, it->first, it->second.block, std::move(data));
     }
     ++it;
   }
@@ -308,9 +338,9 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
   return t;
 }
 
-BlockSet SharedScan::Untaken(uint64_t id, int64_t epoch) const {
+IndexSet SharedScan::Untaken(uint64_t id, int64_t epoch) const {
   MutexLock lock(&mu_);
-  BlockSet out(layout_.num_blocks);
+  IndexSet out(layout_.num_blocks);
   auto it = subs_.find(id);
   if (it == subs_.end()) return out;
   const Subscriber& s = it->second;
@@ -328,17 +358,11 @@ int64_t SharedScan::ReclaimOverflow(int64_t n) {
     for (auto& [id, s] : subs_) {
       while (given < n && s.overflow > 0 && !s.queue.empty() &&
              s.queue.back().epoch == s.deliver_epoch) {
-        const int64_t b = s.queue.back().block;
+        Need(s, s.queue.back().block);
         s.queue.pop_back();
-        if (!s.needed.Has(b)) {
-          s.needed.Set(b);
-          ++need_count_[static_cast<size_t>(b)];
-          ++total_need_;
-        }
-        --s.overflow;
+        Settle(s);  // gives back exactly the unit this entry borrowed
         ++s.skipped;
         ++given;
-        reservoir_->ReturnOverflow(1);
       }
     }
   }
@@ -397,10 +421,17 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
     }
     const std::optional<int32_t> slot = reservoir_->TryAcquire();
     if (!slot.has_value()) return nullptr;  // a release wakes the engine
+    std::shared_ptr<Block> block;
+    absl::StatusOr<std::unique_ptr<BlockRead>> made =
+        MakeRead(b, *slot, &block);
+    if (!made.ok()) {  // a block outside the dataset: a layout bug
+      LogError("scan of ", dataset_, ": block ", b, ": ",
+               made.status().ToString());
+      return nullptr;  // `block` returns the slot
+    }
+    std::unique_ptr<BlockRead> read = std::move(*made);
     ++position_;
     const uint64_t read_id = next_read_id_++;
-    std::shared_ptr<Block> block;
-    std::unique_ptr<BlockRead> read = MakeRead(b, *slot, &block);
     read->tag = read_id;
     if (static_cast<int64_t>(resident_.size()) > 2 * reservoir_->num_slots()) {
       for (auto it = resident_.begin(); it != resident_.end();) {
@@ -412,18 +443,7 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
     resident_[read_id] = {b, block};
     pending_[read_id] = std::move(block);
     for (auto& [id, s] : subs_) {
-      if (!s.needed.Has(b)) continue;
-      if (s.queue.size() >= lag) {
-        if (!reservoir_->TryTakeOverflow()) {
-          ++s.skipped;
-          continue;
-        }
-        ++s.overflow;
-      }
-      Unneed(s, b);
-      s.queue.push_back({read_id, b, s.deliver_epoch, nullptr});
-      ++s.delivered;
-      if (s.needed.count() == 0) Arm(s);
+      if (s.needed.Has(b) && !Enqueue(s, read_id, b, nullptr)) ++s.skipped;
     }
     return read;
   }
@@ -432,7 +452,7 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
   return nullptr;
 }
 
-std::unique_ptr<BlockRead> SharedScan::MakeRead(
+absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     int64_t b, int32_t slot, std::shared_ptr<Block>* out) const {
   const DatasetDesc& d = reader_->desc();
   const Selection& sel = layout_.sel;
@@ -443,34 +463,27 @@ std::unique_ptr<BlockRead> SharedScan::MakeRead(
   block->data = reservoir_->slot_data(slot);
   block->reservoir = reservoir_;
   block->slot = slot;
+  *out = block;  // owns the slot from here on, also on error
   auto read = std::make_unique<BlockRead>();
   read->slot = slot;
   const uint64_t vb = layout_.vector_bytes;
   const int64_t k = sel.vectors_per_row;
-  const bool all_layers = sel.layer_index < 0;
   const int64_t g0 = block->first_vector, g1 = g0 + block->vectors;
   int64_t first_example = -1, last_example = -1;
   for (int64_t g = g0; g < g1;) {
     const int64_t row = g / k;
     const int64_t j0 = g % k;
     const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
-    const int64_t example = all_layers ? row / d.num_layers() : row;
-    const int64_t li = all_layers ? row % d.num_layers() : sel.layer_index;
+    const int64_t example = sel.example_of(row);
     if (first_example < 0) first_example = example;
     last_example = example;
-    const int64_t shard = example / d.examples_per_shard;
-    const uint64_t offset =
-        static_cast<uint64_t>(example % d.examples_per_shard) *
-            d.example_bytes() +
-        (static_cast<uint64_t>(li) * d.tokens_per_example +
-         static_cast<uint64_t>(sel.token_begin + j0)) *
-            vb;
+    ASSIGN_OR_RETURN(VectorLocation loc, sel.Locate(d, row, j0));
     ReadOp r;
-    r.fd = fds_[static_cast<size_t>(shard)].get();
-    r.offset = offset;
+    r.fd = fds_[static_cast<size_t>(loc.shard)].get();
+    r.offset = loc.offset;
     r.length = static_cast<size_t>(j1 - j0) * vb;
     r.dest = block->data + static_cast<size_t>(g - g0) * vb;
-    r.path = &reader_->shard_path(shard);
+    r.path = &reader_->shard_path(loc.shard);
     ReadOp* prev = read->ranges.empty() ? nullptr : &read->ranges.back();
     if (prev != nullptr && prev->fd == r.fd &&
         prev->offset + prev->length == r.offset &&
@@ -496,7 +509,6 @@ std::unique_ptr<BlockRead> SharedScan::MakeRead(
       read->ranges.push_back(r);
     }
   }
-  *out = std::move(block);
   return read;
 }
 
@@ -539,18 +551,7 @@ ScanStatus SharedScan::Status() const {
   MutexLock lock(&mu_);
   ScanStatus st;
   st.dataset = dataset_;
-  const Selection& sel = layout_.sel;
-  const DatasetDesc& d = reader_->desc();
-  st.selection = absl::StrCat(
-      sel.layer_index < 0
-          ? std::string("all layers")
-          : absl::StrCat("layer ",
-                         d.layers[static_cast<size_t>(sel.layer_index)]),
-      ", ",
-      sel.vectors_per_row == 1 && d.cls_token && sel.token_begin == 0
-          ? "CLS token"
-      : sel.vectors_per_row == d.tokens_per_example ? "all tokens"
-                                                    : "content tokens");
+  st.selection = selection_name_;
   st.num_blocks = layout_.num_blocks;
   st.cycle = cycle_;
   st.position = position_;
@@ -574,6 +575,22 @@ ScanStatus SharedScan::Status() const {
 }
 
 // ------------------------------------------------------------ ScanRegistry
+
+absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
+    Options options) {
+  std::unique_ptr<ScanRegistry> r(new ScanRegistry(options.scans));
+  ASSIGN_OR_RETURN(r->reservoir_, Reservoir::Create(options.reservoir));
+  options.reads.register_buffers = options.scans.direct_io;
+  ASSIGN_OR_RETURN(r->engine_,
+                   ReadEngine::Start(options.reads, r->reservoir_.get()));
+  ReadEngine* engine = r->engine_.get();
+  r->reservoir_->SetReleaseListener([engine] { engine->Wake(); });
+  return r;
+}
+
+ScanRegistry::~ScanRegistry() {
+  engine_.reset();  // before the reservoir its reads land in
+}
 
 ScanRegistry::Subscription::~Subscription() {
   if (registry_ != nullptr) registry_->Leave(this);
@@ -645,11 +662,11 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
       return fds.status();
     }
     auto scan = std::make_shared<SharedScan>(
-        std::move(reader), dataset, std::move(layout), options_, reservoir_,
-        engine_, std::move(*fds), direct, seed, sub.epoch);
+        std::move(reader), dataset, std::move(layout), options_,
+        reservoir_.get(), engine_.get(), std::move(*fds), seed, sub.epoch);
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
-    LogInfo("scan of ", dataset, " (", scan->Status().selection,
+    LogInfo("scan of ", dataset, " (", scan->selection_name(),
             ") started: ", scan->layout().num_blocks, " blocks of ",
             scan->layout().vectors_per_block, " vectors",
             direct ? ", O_DIRECT" : "");
@@ -675,8 +692,7 @@ void ScanRegistry::Leave(Subscription* s) {
       for (auto it = scans_.begin(); it != scans_.end(); ++it) {
         if (it->second == s->scan_) {
           engine_->Remove(it->second.get());
-          LogInfo("scan of ", it->second->Status().dataset,
-                  " ended: no clients left");
+          LogInfo("scan of ", it->second->dataset(), " ended: no clients left");
           scans_.erase(it);
           break;
         }

@@ -62,11 +62,11 @@
 
 namespace shardcast {
 
-/// A set of block indices.
-class BlockSet {
+/// A set of indices in [0, size): blocks of a layout, or vectors of a block.
+class IndexSet {
  public:
-  BlockSet() = default;
-  explicit BlockSet(int64_t n, bool full = false);
+  IndexSet() = default;
+  explicit IndexSet(int64_t n, bool full = false);
   bool Has(int64_t b) const {
     return (words_[static_cast<size_t>(b >> 6)] >> (b & 63)) & 1;
   }
@@ -77,7 +77,7 @@ class BlockSet {
   /// Bytes of a little-endian bitmap, (size + 7) / 8 of them.
   std::string ToBytes() const;
   /// INVALID_ARGUMENT when `bytes` does not hold exactly `n` bits.
-  static absl::StatusOr<BlockSet> FromBytes(int64_t n, absl::string_view bytes);
+  static absl::StatusOr<IndexSet> FromBytes(int64_t n, absl::string_view bytes);
 
  private:
   int64_t n_ = 0;
@@ -115,6 +115,13 @@ struct Block {
   Reservoir* reservoir = nullptr;
   int32_t slot = -1;
   ~Block();
+  /// labels.bin value of content token `content` of `example` (an example
+  /// the block's vectors belong to; needs labels).
+  uint8_t Label(int64_t example, int64_t content,
+                int64_t content_tokens) const {
+    return static_cast<uint8_t>(labels[static_cast<size_t>(
+        (example - first_example) * content_tokens + content)]);
+  }
 };
 using BlockRef = std::shared_ptr<const Block>;
 
@@ -134,7 +141,7 @@ struct SubscriberSpec {
   int64_t epoch = 0;   // first epoch fed
   int64_t epochs = 0;  // 0 = endless
   /// Blocks still needed in `epoch` (a resume token's); empty = all.
-  std::optional<BlockSet> needed;
+  std::optional<IndexSet> needed;
 };
 
 /// What a client gets when it asks its subscription for the next block.
@@ -154,12 +161,15 @@ class SharedScan final : public BlockSource,
  public:
   SharedScan(std::shared_ptr<const DatasetReader> reader, std::string dataset,
              BlockLayout layout, ScanOptions options, Reservoir* reservoir,
-             ReadEngine* engine, std::vector<UniqueFd> fds, bool direct,
-             uint64_t seed, int64_t first_cycle);
+             ReadEngine* engine, std::vector<UniqueFd> fds, uint64_t seed,
+             int64_t first_cycle);
   ~SharedScan() override;
 
   const BlockLayout& layout() const { return layout_; }
   const DatasetReader& reader() const { return *reader_; }
+  const std::string& dataset() const { return dataset_; }
+  /// "layer 12, content tokens", for status pages and logs.
+  const std::string& selection_name() const { return selection_name_; }
 
   /// Adds a subscriber; returns its id.
   uint64_t Subscribe(SubscriberSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
@@ -177,7 +187,7 @@ class SharedScan final : public BlockSource,
                                  std::function<void()> waker)
       ABSL_LOCKS_EXCLUDED(mu_);
   /// Blocks of `epoch` not yet taken by `id` (still needed or queued).
-  BlockSet Untaken(uint64_t id, int64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  IndexSet Untaken(uint64_t id, int64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Gives back up to `n` reservoir overflow units by dropping the newest
   /// queued blocks beyond subscribers' lag bounds (they become needed again,
   /// as if deferred). Returns how many were given back.
@@ -202,8 +212,8 @@ class SharedScan final : public BlockSource,
   };
   struct Subscriber {
     SubscriberSpec spec;
-    BlockSet base;    // blocks with vectors of its partition
-    BlockSet needed;  // for deliver_epoch
+    IndexSet base;    // blocks with vectors of its partition
+    IndexSet needed;  // for deliver_epoch
     int64_t deliver_epoch = 0;
     std::deque<Queued> queue;
     std::function<void()> waker;
@@ -212,12 +222,20 @@ class SharedScan final : public BlockSource,
     uint64_t delivered = 0, skipped = 0, bytes = 0;
   };
   void NewCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  BlockSet BaseSet(const SubscriberSpec& spec) const;
+  IndexSet BaseSet(const SubscriberSpec& spec) const;
   /// Makes `s` need `blocks` (replacing what it needed).
-  void Need(Subscriber& s, BlockSet blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Need(Subscriber& s, IndexSet blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Feeds `s` its next epoch, if it has one.
   void Arm(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Adds or removes one block of what `s` needs.
+  void Need(Subscriber& s, int64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unneed(Subscriber& s, int64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Hands `s` the block of read `read_id` (data null while it is being
+  /// read) if its queue has room or it can borrow overflow: it no longer
+  /// needs the block and moves to its next epoch when that was the last.
+  /// False (nothing changed) otherwise.
+  bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Returns overflow units `s` no longer needs (its queue shrank).
@@ -225,8 +243,8 @@ class SharedScan final : public BlockSource,
   /// Queues for `s` the resident blocks it needs, in issue order.
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);
-  std::unique_ptr<BlockRead> MakeRead(int64_t block, int32_t slot,
-                                      std::shared_ptr<Block>* out) const;
+  absl::StatusOr<std::unique_ptr<BlockRead>> MakeRead(
+      int64_t block, int32_t slot, std::shared_ptr<Block>* out) const;
 
   const std::shared_ptr<const DatasetReader> reader_;
   const std::string dataset_;
@@ -235,8 +253,8 @@ class SharedScan final : public BlockSource,
   Reservoir* const reservoir_;
   ReadEngine* const engine_;
   const std::vector<UniqueFd> fds_;  // the scan's own shard descriptors
-  const bool direct_;
   const uint64_t seed_;
+  const std::string selection_name_;
   const std::string labels_path_;
   const Clock::time_point start_at_;  // no reads before (gathering clients)
 
@@ -266,8 +284,19 @@ class SharedScan final : public BlockSource,
 /// leave ends it. Thread-safe.
 class ScanRegistry {
  public:
-  ScanRegistry(ReadEngine* engine, Reservoir* reservoir, ScanOptions options)
-      : engine_(engine), reservoir_(reservoir), options_(options) {}
+  struct Options {
+    ReservoirOptions reservoir;
+    ReadEngineOptions reads;
+    ScanOptions scans;
+  };
+  /// Makes the reservoir and starts the read engine the scans share (woken
+  /// whenever a slot is released). Errors of Reservoir::Create and
+  /// ReadEngine::Start. `options.reads.register_buffers` follows
+  /// `options.scans.direct_io`.
+  static absl::StatusOr<std::unique_ptr<ScanRegistry>> Start(Options options);
+  /// Every subscription must be gone. Stops the engine (reads in flight
+  /// complete first), then frees the reservoir.
+  ~ScanRegistry();
 
   /// A subscription: the scan and the subscriber id. Leaving (destruction)
   /// unsubscribes and returns the reservation.
@@ -299,14 +328,17 @@ class ScanRegistry {
                                      const StreamSpec& spec) const;
 
   const ScanOptions& options() const { return options_; }
-  Reservoir* reservoir() const { return reservoir_; }
+  Reservoir* reservoir() const { return reservoir_.get(); }
+  ReadEngine* engine() const { return engine_.get(); }
   std::vector<ScanStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  explicit ScanRegistry(ScanOptions options) : options_(options) {}
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
 
-  ReadEngine* const engine_;
-  Reservoir* const reservoir_;
+  // The engine stops before the reservoir its reads land in goes away.
+  std::unique_ptr<Reservoir> reservoir_;
+  std::unique_ptr<ReadEngine> engine_;
   const ScanOptions options_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<SharedScan>> scans_

@@ -27,14 +27,23 @@ bool Get(absl::string_view in, size_t* at, T* v) {
   return true;
 }
 
-bool BitSet(const std::string& bits, int64_t i) {
-  return (static_cast<uint8_t>(bits[static_cast<size_t>(i / 8)]) >> (i % 8)) &
-         1;
-}
-
 absl::Status Malformed(absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("resume_token is malformed: ", why));
+}
+
+// Reads the bitmap of an IndexSet of `n` at `*at` of `in`, advancing.
+absl::StatusOr<IndexSet> GetSet(absl::string_view in, size_t* at, int64_t n,
+                                absl::string_view what) {
+  const size_t bytes = static_cast<size_t>((n + 7) / 8);
+  if (*at > in.size() || in.size() - *at < bytes) {
+    return Malformed(absl::StrCat(what, " cut short"));
+  }
+  absl::StatusOr<IndexSet> set = IndexSet::FromBytes(n, in.substr(*at, bytes));
+  if (!set.ok())
+    return Malformed(absl::StrCat(what, ": ", set.status().message()));
+  *at += bytes;
+  return set;
 }
 
 }  // namespace
@@ -73,7 +82,7 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
   sub.epochs = spec.epochs;
   int64_t batch_index = 0;
   if (!resume_token.empty()) {
-    BlockSet needed;
+    IndexSet needed;
     RETURN_IF_ERROR(s->ParseToken(resume_token, &needed));
     if (spec.epochs != 0 && s->epoch_ >= spec.epochs) {
       return absl::InvalidArgumentError(
@@ -103,7 +112,7 @@ ShuffledStream::~ShuffledStream() {
 }
 
 absl::Status ShuffledStream::ParseToken(const std::string& token,
-                                        BlockSet* needed) {
+                                        IndexSet* needed) {
   if (token.size() < 4 || std::memcmp(token.data(), kTokenMagic, 4) != 0) {
     return absl::InvalidArgumentError(
         "resume_token is not a shardcast shuffled-stream token");
@@ -126,12 +135,7 @@ absl::Status ShuffledStream::ParseToken(const std::string& token,
     return Malformed(absl::StrCat(
         "it names ", blocks, " blocks, the stream has ", layout_.num_blocks));
   }
-  const size_t bitmap_bytes = static_cast<size_t>((blocks + 7) / 8);
-  if (token.size() - at < bitmap_bytes) return Malformed("bitmap cut short");
-  auto set = BlockSet::FromBytes(
-      blocks, absl::string_view(token).substr(at, bitmap_bytes));
-  if (!set.ok()) return Malformed(set.status().message());
-  at += bitmap_bytes;
+  ASSIGN_OR_RETURN(IndexSet set, GetSet(token, &at, blocks, "block bitmap"));
   uint32_t partial = 0;
   if (!Get(token, &at, &partial)) return Malformed("no partial-block count");
   for (uint32_t i = 0; i < partial; ++i) {
@@ -140,25 +144,18 @@ absl::Status ShuffledStream::ParseToken(const std::string& token,
     if (!Get(token, &at, &block) || !Get(token, &at, &bits)) {
       return Malformed("partial block cut short");
     }
-    if (block < 0 || block >= blocks || !set->Has(block) ||
+    if (block < 0 || block >= blocks || !set.Has(block) ||
         partial_.count(block) != 0 ||
         static_cast<int64_t>(bits) != layout_.vectors(block)) {
       return Malformed(absl::StrCat("bad partial block ", block));
     }
-    const size_t n = (bits + 7) / 8;
-    if (token.size() - at < n) return Malformed("partial bitmap cut short");
-    std::string map = token.substr(at, n);
-    at += n;
-    if (bits % 8 != 0 &&
-        (static_cast<uint8_t>(map.back()) >> (bits % 8)) != 0) {
-      return Malformed("partial bitmap has bits past its end");
-    }
-    partial_[block] = std::move(map);
+    ASSIGN_OR_RETURN(partial_[block],
+                     GetSet(token, &at, bits, "partial-block bitmap"));
   }
   if (at != token.size()) return Malformed("trailing bytes");
   epoch_ = epoch;
   batch_index_ = batch_index;
-  *needed = std::move(*set);
+  *needed = std::move(set);
   return absl::OkStatus();
 }
 
@@ -166,16 +163,14 @@ std::string ShuffledStream::ResumeToken() const {
   // Blocks never taken in this epoch, plus the partly delivered ones: those
   // in the window (remaining = their entries in the pool) and those a
   // resume token gave that have not come back yet.
-  BlockSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
-  std::map<int64_t, std::string> partial;
-  for (const auto& [block, map] : partial_) {
-    if (left.Has(block)) partial[block] = map;
+  IndexSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
+  std::map<int64_t, IndexSet> partial;
+  for (const auto& [block, remaining] : partial_) {
+    if (left.Has(block)) partial.emplace(block, remaining);
   }
   for (const Entry& e : pool_) {
     const Block& b = *active_[e.slot].block;
-    std::string& map = partial[b.id];
-    if (map.empty()) map.assign(static_cast<size_t>((b.vectors + 7) / 8), '\0');
-    map[e.local / 8] |= static_cast<char>(1 << (e.local % 8));
+    partial.try_emplace(b.id, b.vectors).first->second.Set(e.local);
     left.Set(b.id);
   }
   std::string t(kTokenMagic, 4);
@@ -185,10 +180,10 @@ std::string ShuffledStream::ResumeToken() const {
   Put<int64_t>(t, layout_.num_blocks);
   t += left.ToBytes();
   Put<uint32_t>(t, static_cast<uint32_t>(partial.size()));
-  for (const auto& [block, map] : partial) {
+  for (const auto& [block, remaining] : partial) {
     Put<int64_t>(t, block);
-    Put<uint32_t>(t, static_cast<uint32_t>(layout_.vectors(block)));
-    t += map;
+    Put<uint32_t>(t, static_cast<uint32_t>(remaining.size()));
+    t += remaining.ToBytes();
   }
   return t;
 }
@@ -207,7 +202,7 @@ void ShuffledStream::Activate(BlockRef block) {
   const uint32_t slot = free_slots_.back();
   Active& a = active_[slot];
   a.remaining = 0;
-  const std::string* partial = nullptr;
+  const IndexSet* partial = nullptr;
   auto it = partial_.find(block->id);
   if (it != partial_.end()) partial = &it->second;
   const DatasetDesc& d = reader_->desc();
@@ -219,19 +214,13 @@ void ShuffledStream::Activate(BlockRef block) {
   // First vector of this rank in the block, then every world_size-th.
   int64_t local = ((spec_.rank - first) % w + w) % w;
   for (; local < block->vectors; local += w) {
-    if (partial != nullptr && !BitSet(*partial, local)) continue;
+    if (partial != nullptr && !partial->Has(local)) continue;
     if (filter_) {
       const int64_t g = first + local;
       const int64_t content = sel.token_begin + g % k - cls;
-      if (content >= 0) {
-        const int64_t row = g / k;
-        const int64_t example =
-            sel.layer_index < 0 ? row / d.num_layers() : row;
-        const uint8_t label =
-            static_cast<uint8_t>(block->labels[static_cast<size_t>(
-                (example - block->first_example) * d.content_tokens +
-                content)]);
-        if (exclude_[label]) continue;
+      if (content >= 0 && exclude_[block->Label(sel.example_of(g / k), content,
+                                                d.content_tokens)]) {
+        continue;
       }
     }
     pool_.push_back({slot, static_cast<uint32_t>(local)});
@@ -266,8 +255,8 @@ absl::StatusOr<ShuffledStream::Draw> ShuffledStream::EnsureDrawable(
 
 void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   rng_ += 0x9E3779B97F4A7C15ULL;
-  const size_t pick = static_cast<size_t>(
-      (static_cast<unsigned __int128>(SplitMix64(rng_)) * pool_.size()) >> 64);
+  const size_t pick =
+      static_cast<size_t>(UniformIndex(SplitMix64(rng_), pool_.size()));
   const Entry e = pool_[pick];
   pool_[pick] = pool_.back();
   pool_.pop_back();
@@ -281,23 +270,14 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
               vb);
   const int64_t g = b.first_vector + e.local;
   const int64_t row = g / sel.vectors_per_row;
-  const bool all_layers = sel.layer_index < 0;
-  const int64_t example = all_layers ? row / d.num_layers() : row;
+  const int64_t example = sel.example_of(row);
   const int32_t content = static_cast<int32_t>(
       sel.token_begin + g % sel.vectors_per_row - (d.cls_token ? 1 : 0));
-  std::memcpy(&out->example_idx[at * 8], &example, 8);
-  std::memcpy(&out->token_idx[at * 4], &content, 4);
-  if (all_layers) {
-    const int64_t value = d.layers[static_cast<size_t>(row % d.num_layers())];
-    std::memcpy(&out->layer[at * 8], &value, 8);
-  }
-  if (!out->labels.empty()) {
-    out->labels[at] =
-        content < 0
-            ? static_cast<char>(255)
-            : b.labels[static_cast<size_t>(
-                  (example - b.first_example) * d.content_tokens + content)];
-  }
+  SetBatchRow(out, at, example, content,
+              d.layers[static_cast<size_t>(sel.layer_of(row))],
+              content < 0 || out->labels.empty()
+                  ? 255
+                  : b.Label(example, content, d.content_tokens));
   if (--a.remaining == 0) {
     a.block.reset();  // the scan may reuse its slot once nobody holds it
     free_slots_.push_back(e.slot);
@@ -308,11 +288,7 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
 absl::StatusOr<ShuffledStream::Fill> ShuffledStream::Next(
     VectorDest dest, StreamBatch* out, std::function<void()> waker) {
   const uint64_t vb = layout_.vector_bytes;
-  if (dest.capacity < static_cast<uint64_t>(spec_.batch_size) * vb) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch buffer of ", dest.capacity, " bytes is smaller than a batch (",
-        spec_.batch_size, " x ", vb, ")"));
-  }
+  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, vb));
   const bool all_layers = layout_.sel.layer_index < 0;
   const bool labels = reader_->info().has_labels;
   while (true) {
@@ -323,14 +299,10 @@ absl::StatusOr<ShuffledStream::Fill> ShuffledStream::Next(
       filled_ = 0;
       in_batch_ = true;
     }
-    bool exhausted = false;
     while (filled_ < spec_.batch_size) {
       ASSIGN_OR_RETURN(Draw st, EnsureDrawable(waker));
       if (st == Draw::kPending) return Fill::kPending;
-      if (st == Draw::kExhausted) {
-        exhausted = true;
-        break;
-      }
+      if (st == Draw::kExhausted) break;
       DrawInto(dest, out, filled_++);
     }
     if (filled_ == spec_.batch_size || (filled_ > 0 && !spec_.drop_last)) {
@@ -346,7 +318,6 @@ absl::StatusOr<ShuffledStream::Fill> ShuffledStream::Next(
       return Fill::kBatch;
     }
     // The epoch is over: nothing left, or only a short batch to drop.
-    (void)exhausted;
     in_batch_ = false;
     StartEpoch(epoch_ + 1, 0);
   }

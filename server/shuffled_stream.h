@@ -77,7 +77,7 @@ class ShuffledStream {
   enum class Draw { kReady, kPending, kExhausted };
 
   ShuffledStream() = default;
-  absl::Status ParseToken(const std::string& token, BlockSet* needed);
+  absl::Status ParseToken(const std::string& token, IndexSet* needed);
   std::string ResumeToken() const;
   absl::StatusOr<Draw> EnsureDrawable(const std::function<void()>& waker);
   void Activate(BlockRef block);
@@ -103,8 +103,8 @@ class ShuffledStream {
   int64_t active_count_ = 0;
   std::vector<Entry> pool_;
   /// Blocks of this epoch that a resume token says are partly delivered:
-  /// block -> bitmap of the vectors still to deliver.
-  std::map<int64_t, std::string> partial_;
+  /// block -> the vectors (within the block) still to deliver.
+  std::map<int64_t, IndexSet> partial_;
   uint64_t rng_ = 0;
 
   bool in_batch_ = false;  // a batch is partly assembled

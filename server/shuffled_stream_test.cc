@@ -78,32 +78,24 @@ class ShuffledStreamTest : public ::testing::Test {
 
   void StopEngine() {
     registry_.reset();
-    engine_.reset();
-    reservoir_.reset();
+    reservoir_ = nullptr;
+    engine_ = nullptr;
   }
   void StartEngine(const EngineConfig& c) {
     StopEngine();
-    ReservoirOptions r;
-    r.bytes = static_cast<uint64_t>(c.slots) * c.block_bytes;
-    r.slot_bytes = c.block_bytes;
-    auto reservoir = Reservoir::Create(r);
-    ASSERT_TRUE(reservoir.ok()) << reservoir.status();
-    reservoir_ = std::move(*reservoir);
-    ReadEngineOptions e;
-    e.queue_depth = 8;
-    e.register_buffers = c.direct_io;
-    auto engine = ReadEngine::Start(e, reservoir_.get());
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = std::move(*engine);
-    ReadEngine* raw = engine_.get();
-    reservoir_->SetReleaseListener([raw] { raw->Wake(); });
-    ScanOptions s;
-    s.window_blocks = c.window;
-    s.lag_blocks = c.lag;
-    s.direct_io = c.direct_io;
-    s.start_delay = std::chrono::milliseconds(c.start_delay_ms);
-    registry_ =
-        std::make_unique<ScanRegistry>(engine_.get(), reservoir_.get(), s);
+    ScanRegistry::Options o;
+    o.reservoir.bytes = static_cast<uint64_t>(c.slots) * c.block_bytes;
+    o.reservoir.slot_bytes = c.block_bytes;
+    o.reads.queue_depth = 8;
+    o.scans.window_blocks = c.window;
+    o.scans.lag_blocks = c.lag;
+    o.scans.direct_io = c.direct_io;
+    o.scans.start_delay = std::chrono::milliseconds(c.start_delay_ms);
+    auto registry = ScanRegistry::Start(o);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = std::move(*registry);
+    reservoir_ = registry_->reservoir();
+    engine_ = registry_->engine();
   }
 
   absl::StatusOr<std::unique_ptr<ShuffledStream>> Create(
@@ -214,9 +206,9 @@ class ShuffledStreamTest : public ::testing::Test {
 
   std::string root_, dir_, id_;
   std::shared_ptr<const DatasetReader> reader_;
-  std::unique_ptr<Reservoir> reservoir_;
-  std::unique_ptr<ReadEngine> engine_;
   std::unique_ptr<ScanRegistry> registry_;
+  Reservoir* reservoir_ = nullptr;  // the registry's
+  ReadEngine* engine_ = nullptr;    // the registry's
 };
 
 TEST_F(ShuffledStreamTest, EveryEpochIsAPermutationOfEverySelection) {
