@@ -80,10 +80,7 @@ absl::StatusOr<int64_t> Args::GetInt(const std::string& name,
   return v;
 }
 
-absl::StatusOr<uint64_t> Args::GetBytes(const std::string& name,
-                                        uint64_t fallback) const {
-  if (!Has(name)) return fallback;
-  std::string text = Get(name);
+bool ParseByteCount(absl::string_view text, uint64_t* out) {
   int shift = 0;
   if (!text.empty()) {
     switch (text.back()) {
@@ -107,15 +104,26 @@ absl::StatusOr<uint64_t> Args::GetBytes(const std::string& name,
         break;
     }
   }
-  if (shift > 0) text.pop_back();
+  if (shift > 0) text.remove_suffix(1);
   uint64_t v;
   if (text.empty() || text[0] == '-' || !absl::SimpleAtoi(text, &v) ||
       (shift > 0 && v > (UINT64_MAX >> shift))) {
+    return false;
+  }
+  *out = v << shift;
+  return true;
+}
+
+absl::StatusOr<uint64_t> Args::GetBytes(const std::string& name,
+                                        uint64_t fallback) const {
+  if (!Has(name)) return fallback;
+  uint64_t v;
+  if (!ParseByteCount(Get(name), &v)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", name, " must be a byte count like 1073741824, 512M or 2G, got \"",
         Get(name), "\""));
   }
-  return v << shift;
+  return v;
 }
 
 absl::StatusOr<std::vector<int64_t>> Args::GetIntList(

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardcast {
 
@@ -52,6 +53,10 @@ class Args {
   std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> positional_;
 };
+
+/// Parses a byte count: an integer with an optional binary suffix K, M, G
+/// or T (either case). False for anything else, negatives and overflow.
+bool ParseByteCount(absl::string_view text, uint64_t* out);
 
 /// Formats the option list for --help.
 std::string FormatOptions(const std::vector<OptionSpec>& specs);

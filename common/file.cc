@@ -67,16 +67,19 @@ absl::Status PreadFull(int fd, void* buffer, size_t length, uint64_t offset,
       return ErrnoToStatus(
           errno, absl::StrCat("read ", path, " at offset ", offset + done));
     }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": file ends early: needed bytes [", offset, ", ",
-          offset + length, ") but only ", done,
-          " were readable (the file was truncated or is shorter than its "
-          "metadata says)"));
-    }
+    if (n == 0) return FileEndsEarly(path, offset, length, done);
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::Status FileEndsEarly(absl::string_view path, uint64_t offset,
+                           uint64_t length, uint64_t done) {
+  return absl::DataLossError(absl::StrCat(
+      path, ": file ends early: needed bytes [", offset, ", ", offset + length,
+      ") but only ", done,
+      " were readable (the file was truncated or is shorter than its metadata "
+      "says)"));
 }
 
 absl::Status WriteFull(int fd, const void* data, size_t length,

@@ -54,6 +54,12 @@ absl::StatusOr<uint64_t> FileSize(const std::string& path);
 absl::Status PreadFull(int fd, void* buffer, size_t length, uint64_t offset,
                        absl::string_view path);
 
+/// DATA_LOSS for a read of bytes [offset, offset + length) of `path` that
+/// found the file ending after `done` of them: what every reader (pread,
+/// io_uring) reports for a shard truncated under it.
+absl::Status FileEndsEarly(absl::string_view path, uint64_t offset,
+                           uint64_t length, uint64_t done);
+
 /// Writes all of `data` (retrying short writes and EINTR).
 absl::Status WriteFull(int fd, const void* data, size_t length,
                        absl::string_view path);

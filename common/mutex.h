@@ -50,27 +50,29 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   Mutex* const mu_;
 };
 
-/// Condition variable bound to one Mutex. Wait* must be called with the
-/// mutex held; as usual, re-check the predicate in a loop (or use the
-/// predicate overloads).
+/// Condition variable. Each wait names the Mutex it holds (as absl::CondVar
+/// does), so the thread-safety analysis checks that the caller holds it; a
+/// predicate that reads guarded members says so with
+/// `[&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ... }`. As usual, wait for a
+/// predicate, never for a bare signal.
 class CondVar {
  public:
-  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar() = default;
   CondVar(const CondVar&) = delete;
   CondVar& operator=(const CondVar&) = delete;
 
-  /// Waits until `ready()` is true. Requires the mutex held.
+  /// Waits until `ready()` is true; `mu` is held again when it returns.
   template <typename Predicate>
-  void Wait(Predicate ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+  void Wait(Mutex* mu, Predicate ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait(lock, ready);
     lock.release();  // the caller keeps holding it
   }
   /// Waits until `ready()` is true or `timeout` passes; returns ready().
   template <typename Predicate>
-  bool WaitFor(std::chrono::nanoseconds timeout, Predicate ready)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+  bool WaitFor(Mutex* mu, std::chrono::nanoseconds timeout, Predicate ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const bool ok = cv_.wait_for(lock, timeout, ready);
     lock.release();
     return ok;
@@ -79,7 +81,6 @@ class CondVar {
   void SignalAll() { cv_.notify_all(); }
 
  private:
-  Mutex* const mu_;
   std::condition_variable cv_;
 };
 

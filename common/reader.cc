@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     reader->shard_fds_.push_back(std::move(fd));
     reader->shard_paths_.push_back(JoinPath(reader->info_.dir, s.name));
   }
+  reader->labels_path_ = JoinPath(reader->info_.dir, kLabelsFile);
   if (reader->info_.has_labels) {
     ASSIGN_OR_RETURN(
         reader->labels_fd_,
@@ -28,38 +29,66 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
   return reader;
 }
 
-absl::Status DatasetReader::ReadAt(int64_t shard, uint64_t offset,
-                                   size_t length, void* out) const {
-  return PreadFull(shard_fds_[static_cast<size_t>(shard)].get(), out, length,
-                   offset, shard_paths_[static_cast<size_t>(shard)]);
+FileRange DatasetReader::ShardRange(const VectorLocation& at,
+                                    uint64_t length) const {
+  const size_t shard = static_cast<size_t>(at.shard);
+  return {shard_fds_[shard].get(), at.offset, length, &shard_paths_[shard]};
 }
 
-absl::Status DatasetReader::ReadVector(int64_t example, int64_t layer,
-                                       int64_t token, float* out) const {
+absl::StatusOr<FileRange> DatasetReader::VectorRange(int64_t example,
+                                                     int64_t layer,
+                                                     int64_t token) const {
   ASSIGN_OR_RETURN(VectorLocation loc, Locate(desc(), example, layer, token));
-  return ReadAt(loc.shard, loc.offset, desc().vector_bytes(), out);
+  return ShardRange(loc, desc().vector_bytes());
 }
 
-absl::Status DatasetReader::ReadLayerSlice(int64_t example, int64_t layer,
-                                           float* out) const {
+absl::StatusOr<FileRange> DatasetReader::LayerSliceRange(int64_t example,
+                                                         int64_t layer) const {
   ASSIGN_OR_RETURN(VectorLocation loc, Locate(desc(), example, layer, 0));
-  return ReadAt(loc.shard, loc.offset, desc().layer_slice_bytes(), out);
+  return ShardRange(loc, desc().layer_slice_bytes());
 }
 
-absl::Status DatasetReader::ReadExample(int64_t example, float* out) const {
+absl::StatusOr<FileRange> DatasetReader::ExampleRange(int64_t example) const {
   ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(desc(), example));
-  return ReadAt(loc.shard, loc.offset, desc().example_bytes(), out);
+  return ShardRange(loc, desc().example_bytes());
 }
 
-absl::Status DatasetReader::ReadLabels(int64_t example, uint8_t* out) const {
+absl::StatusOr<FileRange> DatasetReader::LabelsRange(int64_t example) const {
   if (!info_.has_labels) {
     return absl::NotFoundError(
         absl::StrCat(info_.dir, " has no ", kLabelsFile));
   }
   RETURN_IF_ERROR(LocateExample(desc(), example).status());
   const uint64_t n = static_cast<uint64_t>(desc().content_tokens);
-  return PreadFull(labels_fd_.get(), out, n, static_cast<uint64_t>(example) * n,
-                   JoinPath(info_.dir, kLabelsFile));
+  return FileRange{labels_fd_.get(), static_cast<uint64_t>(example) * n, n,
+                   &labels_path_};
+}
+
+absl::Status DatasetReader::ReadRange(const FileRange& range, void* out) {
+  return PreadFull(range.fd, out, static_cast<size_t>(range.length),
+                   range.offset, *range.path);
+}
+
+absl::Status DatasetReader::ReadVector(int64_t example, int64_t layer,
+                                       int64_t token, float* out) const {
+  ASSIGN_OR_RETURN(FileRange range, VectorRange(example, layer, token));
+  return ReadRange(range, out);
+}
+
+absl::Status DatasetReader::ReadLayerSlice(int64_t example, int64_t layer,
+                                           float* out) const {
+  ASSIGN_OR_RETURN(FileRange range, LayerSliceRange(example, layer));
+  return ReadRange(range, out);
+}
+
+absl::Status DatasetReader::ReadExample(int64_t example, float* out) const {
+  ASSIGN_OR_RETURN(FileRange range, ExampleRange(example));
+  return ReadRange(range, out);
+}
+
+absl::Status DatasetReader::ReadLabels(int64_t example, uint8_t* out) const {
+  ASSIGN_OR_RETURN(FileRange range, LabelsRange(example));
+  return ReadRange(range, out);
 }
 
 }  // namespace shardcast

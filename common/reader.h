@@ -1,4 +1,6 @@
-// Random-access reads of vectors, examples and labels with pread.
+// Random-access reads of vectors, examples and labels: where their bytes are
+// (FileRange, for engines that issue their own reads, e.g. the daemon's
+// io_uring layer) and plain pread reads of them (the CLI).
 #ifndef SHARDCAST_COMMON_READER_H_
 #define SHARDCAST_COMMON_READER_H_
 
@@ -11,6 +13,16 @@
 #include "common/file.h"
 
 namespace shardcast {
+
+/// Where some bytes of a dataset are: `length` bytes at `offset` of the open
+/// descriptor `fd`, whose file `path` names in messages. Both belong to the
+/// DatasetReader that made the range and stay valid while it lives.
+struct FileRange {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  const std::string* path = nullptr;
+};
 
 /// Reads from one validated dataset. Holds an open fd per data shard (and
 /// labels.bin), so a file replaced or deleted after Open keeps reading the
@@ -25,6 +37,19 @@ class DatasetReader {
 
   const DatasetInfo& info() const { return info_; }
   const DatasetDesc& desc() const { return info_.desc; }
+
+  /// The bytes of (example, layer value, token index in [0, T)): D floats.
+  /// Coordinate errors as Locate().
+  absl::StatusOr<FileRange> VectorRange(int64_t example, int64_t layer,
+                                        int64_t token) const;
+  /// The [T, D] floats of one layer of one example.
+  absl::StatusOr<FileRange> LayerSliceRange(int64_t example,
+                                            int64_t layer) const;
+  /// The [L, T, D] floats of one example.
+  absl::StatusOr<FileRange> ExampleRange(int64_t example) const;
+  /// The content_tokens uint8 labels of one example. NOT_FOUND when the
+  /// dataset has no labels.bin.
+  absl::StatusOr<FileRange> LabelsRange(int64_t example) const;
 
   /// Reads the D floats of (example, layer value, token index in [0, T)).
   /// Coordinate errors as Locate(); DATA_LOSS if the file is now short.
@@ -46,7 +71,7 @@ class DatasetReader {
   }
   /// The open descriptor of labels.bin (-1 without labels) and its path.
   int labels_fd() const { return labels_fd_.get(); }
-  std::string labels_path() const { return info_.dir + "/labels.bin"; }
+  const std::string& labels_path() const { return labels_path_; }
   /// Full path of a shard file, for messages.
   const std::string& shard_path(int64_t shard) const {
     return shard_paths_[static_cast<size_t>(shard)];
@@ -54,13 +79,14 @@ class DatasetReader {
 
  private:
   explicit DatasetReader(DatasetInfo info) : info_(std::move(info)) {}
-  absl::Status ReadAt(int64_t shard, uint64_t offset, size_t length,
-                      void* out) const;
+  FileRange ShardRange(const VectorLocation& at, uint64_t length) const;
+  static absl::Status ReadRange(const FileRange& range, void* out);
 
   DatasetInfo info_;
   std::vector<UniqueFd> shard_fds_;  // index = shard; invalid for empty ones
   std::vector<std::string> shard_paths_;
   UniqueFd labels_fd_;
+  std::string labels_path_;
 };
 
 }  // namespace shardcast

@@ -6,32 +6,31 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <thread>
-
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/file.h"
+#include "common/log.h"
 #include "common/mutex.h"
-#include "common/pyjson.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "httplib.h"
-#include "server/buffer_pool.h"
-#include "server/catalog.h"
-#include "server/grpc_services.h"
-#include "server/log.h"
-#include "server/metrics.h"
-#include "server/scan.h"
-#include "server/worker_pool.h"
+#include "server/engine/engine.h"
+#include "server/transport/address.h"
+#include "server/transport/admin_service.h"
+#include "server/transport/buffer_pool.h"
+#include "server/transport/context.h"
+#include "server/transport/http_admin.h"
+#include "server/transport/metrics.h"
+#include "server/transport/payload_router.h"
+#include "server/transport/worker_pool.h"
 
 namespace shardcast {
 namespace {
 
 constexpr int kMaxMessageBytes = 80 << 20;  // > 64 MiB payload + header
+constexpr mode_t kSocketMode = 0660;        // owner and --socket-group
 
 absl::Status EnsureSocketDir(const std::string& dir) {
   struct stat st;
@@ -72,16 +71,6 @@ absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
   return fd;
 }
 
-std::string HostOf(absl::string_view host_port) {
-  if (absl::StartsWith(host_port, "[")) {
-    const size_t end = host_port.find(']');
-    return std::string(
-        host_port.substr(1, end == absl::string_view::npos ? end : end - 1));
-  }
-  const size_t colon = host_port.rfind(':');
-  return std::string(host_port.substr(0, colon));
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
     const DaemonOptions& o) {
   const bool tls = !o.tls_cert_file.empty() || !o.tls_key_file.empty();
@@ -119,113 +108,27 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
 
 }  // namespace
 
-bool IsLoopbackAddress(absl::string_view host_port) {
-  const std::string host = HostOf(host_port);
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
 struct Daemon::Impl {
   DaemonOptions options;
   Metrics metrics;
-  std::unique_ptr<Catalog> catalog;
-  std::unique_ptr<QueryEngine> engine;
+  std::atomic<bool> serving{false};
+  // The engine, then what the transports share; all declared before the
+  // server so that they outlive the payload slices gRPC still holds when
+  // the server goes.
+  std::unique_ptr<Engine> engine;
   std::unique_ptr<WorkerPool> pool;
-  // The streaming engine (scans with their reservoir and read engine);
-  // declared before the server so that it outlives the payload slices gRPC
-  // still holds when the server goes.
-  std::unique_ptr<ScanRegistry> scans;
   std::unique_ptr<BufferPool> buffers;
-  std::unique_ptr<QueryService> query_service;
-  std::unique_ptr<AdminService> admin_service;
+  std::unique_ptr<PayloadRouter> router;
+  std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<HttpAdmin> http;
   UniqueFd socket_lock;
   int tcp_port = 0;
-  int http_port = 0;
-  std::unique_ptr<httplib::Server> http;
-  std::thread http_thread;
-  std::atomic<bool> serving{false};
 
   Mutex mu;
-  CondVar shutdown_cv{&mu};
+  CondVar shutdown_cv;
   bool shutdown_started ABSL_GUARDED_BY(mu) = false;
   bool shutdown_done ABSL_GUARDED_BY(mu) = false;
-
-  void Rescan() {
-    auto [ok, failed] = catalog->Rescan();
-    metrics.datasets_ok = ok;
-    metrics.datasets_failed = failed;
-    LogInfo("catalog: ", ok, " dataset(s) served, ", failed, " rejected");
-  }
-
-  StreamServices Streams() { return {scans.get(), buffers.get()}; }
-
-  absl::Status StartEngine() {
-    ScanRegistry::Options o;
-    o.reservoir.bytes = options.reservoir_bytes;
-    o.reservoir.slot_bytes = options.block_bytes;
-    o.reservoir.prefault = options.prefault;
-    o.reads.queue_depth = options.queue_depth;
-    o.reads.read_bytes = options.read_bytes;
-    o.scans.window_blocks = options.shuffle_window;
-    o.scans.lag_blocks = options.lag_blocks;
-    o.scans.direct_io = options.direct_io;
-    o.scans.start_delay =
-        std::chrono::milliseconds(options.scan_start_delay_ms);
-    ASSIGN_OR_RETURN(scans, ScanRegistry::Start(o));
-    const Reservoir* reservoir = scans->reservoir();
-    const ReadEngine* engine = scans->engine();
-    // Idle batch buffers kept for reuse: a few per stream at most.
-    buffers = std::make_unique<BufferPool>(256ull << 20);
-    LogInfo("reservoir ", reservoir->bytes() >> 20, " MiB in ",
-            reservoir->num_slots(), " blocks of ",
-            reservoir->slot_bytes() >> 10,
-            " KiB; each shuffled stream reserves ",
-            options.shuffle_window + options.lag_blocks, " (window ",
-            options.shuffle_window, " + lag ", options.lag_blocks,
-            "); read engine: ",
-            engine->uses_uring() ? "io_uring" : "pread fallback", ", ",
-            options.queue_depth, " reads of <= ", options.read_bytes >> 10,
-            " KiB in flight", options.direct_io ? ", O_DIRECT" : "",
-            engine->buffers_registered() ? ", registered buffers" : "");
-    return absl::OkStatus();
-  }
-
-  absl::Status StartHttp() {
-    http = std::make_unique<httplib::Server>();
-    http->Get("/healthz",
-              [this](const httplib::Request&, httplib::Response& res) {
-                const bool up = serving.load();
-                res.status = up ? 200 : 503;
-                res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
-              });
-    http->Get(
-        "/metrics", [this](const httplib::Request&, httplib::Response& res) {
-          res.set_content(metrics.PrometheusText(
-                              serving.load(), CollectEngineFigures(Streams())),
-                          "text/plain; version=0.0.4");
-        });
-    const std::string host = HostOf(options.http_address);
-    const std::string port_text =
-        options.http_address.substr(options.http_address.rfind(':') + 1);
-    int port = 0;
-    if (!absl::SimpleAtoi(port_text, &port)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--http ", options.http_address, " is not host:port"));
-    }
-    if (port == 0) {
-      port = http->bind_to_any_port(host);
-    } else if (!http->bind_to_port(host, port)) {
-      port = -1;
-    }
-    if (port < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen on HTTP ", options.http_address));
-    }
-    http_port = port;
-    http_thread = std::thread([this] { http->listen_after_bind(); });
-    LogInfo("HTTP admin on ", host, ":", port, " (/healthz, /metrics)");
-    return absl::OkStatus();
-  }
 };
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -233,27 +136,7 @@ Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
-  if (options.roots.empty()) {
-    return absl::InvalidArgumentError("no dataset root given (--root DIR)");
-  }
-  if (options.unix_socket.empty() && options.tcp_address.empty()) {
-    return absl::InvalidArgumentError(
-        "no listener: give --listen unix:/path and/or --listen-tcp host:port");
-  }
-  if (options.query_threads < 1) {
-    return absl::InvalidArgumentError("--query-threads must be >= 1");
-  }
-  if (options.shuffle_window < 1 || options.lag_blocks < 1) {
-    return absl::InvalidArgumentError(
-        "--shuffle-window and --lag-blocks must be >= 1");
-  }
-  if (options.queue_depth < 1 || options.queue_depth > 4096) {
-    return absl::InvalidArgumentError("--queue-depth must be in [1, 4096]");
-  }
-  if (options.scan_start_delay_ms < 0 || options.scan_start_delay_ms > 60000) {
-    return absl::InvalidArgumentError(
-        "--scan-start-delay-ms must be in [0, 60000]");
-  }
+  RETURN_IF_ERROR(ValidateDaemonOptions(options));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   Impl* d = impl.get();
@@ -271,16 +154,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(d->socket_lock, LockSocketPath(options.unix_socket));
   }
 
-  d->catalog = std::make_unique<Catalog>(options.roots);
-  d->Rescan();
-  d->engine = std::make_unique<QueryEngine>(d->catalog.get(), &d->metrics,
-                                            options.limits);
-  d->pool = std::make_unique<WorkerPool>(options.query_threads);
-  RETURN_IF_ERROR(d->StartEngine());
-  d->query_service = std::make_unique<QueryService>(
-      d->engine.get(), d->pool.get(), &d->metrics, &d->serving, d->Streams());
-  d->admin_service = std::make_unique<AdminService>(d->catalog.get(),
-                                                    &d->metrics, d->Streams());
+  ASSIGN_OR_RETURN(d->engine, Engine::Start(options.Engine()));
+  d->pool =
+      std::make_unique<WorkerPool>(static_cast<int>(options.query_threads));
+  // Idle batch buffers kept for reuse: a few per stream at most.
+  d->buffers = std::make_unique<BufferPool>(256ull << 20);
+  TransportContext context;
+  context.engine = d->engine.get();
+  context.pool = d->pool.get();
+  context.metrics = &d->metrics;
+  context.buffers = d->buffers.get();
+  context.serving = &d->serving;
+  d->router = std::make_unique<PayloadRouter>(context);
+  d->admin = std::make_unique<AdminService>(context);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -293,8 +179,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (tcp_creds != nullptr) {
     builder.AddListeningPort(options.tcp_address, tcp_creds, &d->tcp_port);
   }
-  builder.RegisterService(d->admin_service.get());
-  builder.RegisterCallbackGenericService(d->query_service.get());
+  builder.RegisterService(d->admin.get());
+  builder.RegisterCallbackGenericService(d->router.get());
   d->server = builder.BuildAndStart();
   if (d->server == nullptr || (tcp_creds != nullptr && d->tcp_port == 0)) {
     return absl::UnavailableError(absl::StrCat(
@@ -303,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         " (address in use or not permitted?)"));
   }
   if (!options.unix_socket.empty()) {
-    if (::chmod(options.unix_socket.c_str(), options.socket_mode) != 0) {
+    if (::chmod(options.unix_socket.c_str(), kSocketMode) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("chmod ", options.unix_socket));
     }
     if (!options.socket_group.empty()) {
@@ -326,20 +212,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
             : options.tls_client_ca_file.empty() ? " (TLS)"
                                                  : " (mutual TLS)");
   }
-  if (!options.http_address.empty()) RETURN_IF_ERROR(d->StartHttp());
+  if (!options.http_address.empty()) {
+    ASSIGN_OR_RETURN(d->http,
+                     HttpAdmin::Start(options.http_address, d->engine.get(),
+                                      &d->metrics, &d->serving));
+  }
   d->server->GetHealthCheckService()->SetServingStatus(true);
   d->serving = true;
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 
-void Daemon::Rescan() { impl_->Rescan(); }
+void Daemon::Rescan() { impl_->engine->Rescan(); }
 
 void Daemon::Shutdown() {
   Impl* d = impl_.get();
   {
     MutexLock lock(&d->mu);
     if (d->shutdown_started) {
-      d->shutdown_cv.Wait([d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
+      d->shutdown_cv.Wait(&d->mu, [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
         return d->shutdown_done;
       });
       return;
@@ -348,13 +238,14 @@ void Daemon::Shutdown() {
   }
   LogInfo("shutting down: not accepting new calls, ",
           d->metrics.calls_in_flight.load(), " in flight, grace ",
-          absl::FormatDuration(d->options.shutdown_grace));
+          d->options.shutdown_grace_seconds, " s");
   // Drain: new calls are refused (UNAVAILABLE), calls in flight get up to
   // the grace period, then whatever is left is cancelled. Shutdown(deadline)
   // alone would also wait out the deadline for idle client connections.
   d->serving = false;
   d->server->GetHealthCheckService()->SetServingStatus(false);
-  const absl::Time drain_end = absl::Now() + d->options.shutdown_grace;
+  const absl::Time drain_end =
+      absl::Now() + absl::Seconds(d->options.shutdown_grace_seconds);
   while (d->metrics.calls_in_flight.load() > 0 && absl::Now() < drain_end) {
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -366,13 +257,10 @@ void Daemon::Shutdown() {
   d->server->Wait();
   d->pool.reset();  // runs what is queued; their reactors are already done
   // /metrics reads the engine: stop the HTTP endpoint before the engine.
-  if (d->http != nullptr) {
-    d->http->stop();
-    if (d->http_thread.joinable()) d->http_thread.join();
-  }
+  if (d->http != nullptr) d->http->Stop();
   // Every stream has left its scan; stop the engine (it finishes the reads
   // in flight), which lets go of the scans and their blocks.
-  d->scans.reset();
+  d->engine.reset();
   if (!d->options.unix_socket.empty()) {
     ::unlink(d->options.unix_socket.c_str());
     ::unlink(absl::StrCat(d->options.unix_socket, ".lock").c_str());
@@ -388,108 +276,14 @@ void Daemon::Shutdown() {
 void Daemon::Wait() {
   Impl* d = impl_.get();
   MutexLock lock(&d->mu);
-  d->shutdown_cv.Wait(
-      [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->shutdown_done; });
+  d->shutdown_cv.Wait(&d->mu, [d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
+    return d->shutdown_done;
+  });
 }
 
 int Daemon::tcp_port() const { return impl_->tcp_port; }
-int Daemon::http_port() const { return impl_->http_port; }
-
-absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* o,
-                             std::string* log_level) {
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  ASSIGN_OR_RETURN(Json j, ParseJson(text, path));
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": must hold a JSON object"));
-  }
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
-    const Json& v = it.value();
-    auto bad = [&](const char* want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": key \"", key, "\" must be ", want, ", got ", v.dump()));
-    };
-    auto str = [&](std::string* out) -> absl::Status {
-      if (!v.is_string()) return bad("a string");
-      *out = v.get<std::string>();
-      return absl::OkStatus();
-    };
-    if (key == "roots") {
-      if (!v.is_array()) return bad("an array of directory paths");
-      for (const Json& r : v) {
-        if (!r.is_string()) return bad("an array of directory paths");
-        o->roots.push_back(r.get<std::string>());
-      }
-    } else if (key == "listen") {
-      std::string s;
-      RETURN_IF_ERROR(str(&s));
-      if (!absl::StartsWith(s, "unix:")) return bad("\"unix:/absolute/path\"");
-      o->unix_socket = s.substr(5);
-    } else if (key == "listen_tcp") {
-      RETURN_IF_ERROR(str(&o->tcp_address));
-    } else if (key == "tls_cert") {
-      RETURN_IF_ERROR(str(&o->tls_cert_file));
-    } else if (key == "tls_key") {
-      RETURN_IF_ERROR(str(&o->tls_key_file));
-    } else if (key == "tls_client_ca") {
-      RETURN_IF_ERROR(str(&o->tls_client_ca_file));
-    } else if (key == "http") {
-      RETURN_IF_ERROR(str(&o->http_address));
-    } else if (key == "socket_group") {
-      RETURN_IF_ERROR(str(&o->socket_group));
-    } else if (key == "log_level") {
-      RETURN_IF_ERROR(str(log_level));
-    } else if (key == "insecure_tcp") {
-      if (!v.is_boolean()) return bad("true or false");
-      o->insecure_tcp = v.get<bool>();
-    } else if (key == "query_threads") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return bad("an integer >= 1");
-      o->query_threads = static_cast<int>(v.get<int64_t>());
-    } else if (key == "max_vectors_per_call") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return bad("an integer >= 1");
-      o->limits.max_vectors_per_call = v.get<int64_t>();
-    } else if (key == "max_bytes_per_call") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return bad("an integer >= 1");
-      o->limits.max_bytes_per_call = v.get<uint64_t>();
-    } else if (key == "reservoir_bytes" || key == "block_bytes" ||
-               key == "read_bytes") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return bad("an integer >= 1 (bytes)");
-      const uint64_t n = v.get<uint64_t>();
-      (key == "reservoir_bytes" ? o->reservoir_bytes
-       : key == "block_bytes"   ? o->block_bytes
-                                : o->read_bytes) = n;
-    } else if (key == "shuffle_window" || key == "lag_blocks") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return bad("an integer >= 1");
-      (key == "shuffle_window" ? o->shuffle_window : o->lag_blocks) =
-          v.get<int64_t>();
-    } else if (key == "scan_start_delay_ms") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-          v.get<int64_t>() > 60000)
-        return bad("an integer in [0, 60000] (milliseconds)");
-      o->scan_start_delay_ms = v.get<int64_t>();
-    } else if (key == "queue_depth") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 ||
-          v.get<int64_t>() > 4096)
-        return bad("an integer in [1, 4096]");
-      o->queue_depth = static_cast<unsigned>(v.get<int64_t>());
-    } else if (key == "direct_io" || key == "prefault") {
-      if (!v.is_boolean()) return bad("true or false");
-      (key == "direct_io" ? o->direct_io : o->prefault) = v.get<bool>();
-    } else if (key == "shutdown_grace_seconds") {
-      if (!v.is_number() || v.get<double>() < 0) return bad("a number >= 0");
-      o->shutdown_grace = absl::Seconds(v.get<double>());
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": unknown key \"", key, "\""));
-    }
-  }
-  return absl::OkStatus();
+int Daemon::http_port() const {
+  return impl_->http != nullptr ? impl_->http->port() : 0;
 }
 
 }  // namespace shardcast

@@ -1,7 +1,7 @@
 // grpc_stream_bench: the reference for the Stream throughput requirement
 // ("warm gRPC path >= 0.8 x a bare gRPC byte-streaming loop on the same
-// socket", DESIGN.md §5). It measures that bare loop: no dataset, no disk,
-// no batch assembly, only gRPC moving bytes over a Unix socket.
+// socket", README.md, "Measuring"). It measures that bare loop: no dataset, no
+// disk, no batch assembly, only gRPC moving bytes over a Unix socket.
 //
 // The server is the daemon's Stream pattern minus the data work
 // (server/grpc_services.cc StreamReactor): a grpc::CallbackGenericService
@@ -288,7 +288,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
 // Clients as threads of this process: connect all, then start together.
 std::vector<ClientResult> RunThreads(const ClientConfig& c, int clients) {
   Mutex mu;
-  CondVar cv(&mu);
+  CondVar cv;
   int connected = 0;
   bool go = false;
   std::vector<ClientResult> results(static_cast<size_t>(clients));
@@ -301,7 +301,7 @@ std::vector<ClientResult> RunThreads(const ClientConfig& c, int clients) {
         MutexLock lock(&mu);
         ++connected;
         cv.SignalAll();
-        cv.Wait([&] { return go; });
+        cv.Wait(&mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return go; });
       }
       if (!channel.ok()) {
         SetError(&results[static_cast<size_t>(i)],
@@ -313,7 +313,9 @@ std::vector<ClientResult> RunThreads(const ClientConfig& c, int clients) {
   }
   {
     MutexLock lock(&mu);
-    cv.Wait([&] { return connected == clients; });
+    cv.Wait(&mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return connected == clients;
+    });
     go = true;
     cv.SignalAll();
   }

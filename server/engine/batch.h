@@ -1,0 +1,51 @@
+// A stream batch as the engine assembles it: the vectors go once into memory
+// the transport owns (VectorDest), the small per-row columns into a
+// StreamBatch the transport puts on the wire.
+#ifndef SHARDCAST_SERVER_ENGINE_BATCH_H_
+#define SHARDCAST_SERVER_ENGINE_BATCH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace shardcast {
+
+/// Where a batch's vectors go: memory the transport owns (a gRPC payload
+/// buffer, a shared-memory slot), written once. Not owned.
+struct VectorDest {
+  char* data = nullptr;
+  size_t capacity = 0;
+};
+
+/// One batch's metadata, ready for the wire; its vectors (float32 [rows, D])
+/// are in the VectorDest the batch was assembled into.
+struct StreamBatch {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  int64_t rows = 0;
+  std::string example_idx;  // int64 LE [rows]
+  std::string token_idx;    // int32 LE [rows], -1 = CLS
+  std::string layer;        // int64 LE [rows] when all layers, else empty
+  std::string labels;       // uint8 [rows] when labels exist (255 = CLS)
+  std::string resume_token;
+};
+
+/// Sizes a batch's metadata fields for `rows` vectors: the layer column only
+/// when all layers are selected, labels only when the dataset has them.
+void SizeBatchMetadata(StreamBatch* out, size_t rows, bool all_layers,
+                       bool labels);
+
+/// Writes row `i` of a sized batch: example, content-token index (-1 for
+/// CLS), and the layer value and label when the batch has those columns.
+void SetBatchRow(StreamBatch* out, size_t i, int64_t example, int32_t content,
+                 int64_t layer_value, uint8_t label);
+
+/// INVALID_ARGUMENT when `dest` cannot hold `batch_size` vectors.
+absl::Status CheckVectorDest(VectorDest dest, int64_t batch_size,
+                             uint64_t vector_bytes);
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_BATCH_H_

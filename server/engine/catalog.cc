@@ -1,0 +1,183 @@
+#include "server/engine/catalog.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/log.h"
+
+namespace shardcast {
+namespace {
+
+// A directory with none of the protocol's files (lost+found, a socket
+// directory) is not a dataset; one with some of them but broken is, and is
+// listed with its error.
+bool LooksLikeDataset(const std::string& dir) {
+  struct stat st;
+  if (::stat(JoinPath(dir, kMetadataFile).c_str(), &st) == 0 ||
+      ::stat(JoinPath(dir, kShardsFile).c_str(), &st) == 0) {
+    return true;
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return true;  // unreadable: report it
+  bool found = false;
+  while (struct dirent* e = ::readdir(d)) {
+    if (absl::StartsWith(e->d_name, "acts") &&
+        absl::EndsWith(e->d_name, ".bin")) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> Catalog::Rescan() {
+  std::shared_ptr<const Snapshot> previous;
+  {
+    MutexLock lock(&mu_);
+    previous = snapshot_;
+  }
+  // Log only what changed since the last scan (a rescan of 1000 datasets
+  // should not print 1000 lines).
+  auto was = [&previous](const std::string& id) -> const CatalogEntry* {
+    auto it = previous->find(id);
+    return it == previous->end() ? nullptr : it->second.get();
+  };
+  auto next = std::make_shared<Snapshot>();
+  int64_t ok = 0, failed = 0;
+  for (const std::string& root : roots_) {
+    DIR* d = ::opendir(root.c_str());
+    if (d == nullptr) {
+      LogError("root ", root, " cannot be read: ", std::strerror(errno));
+      continue;
+    }
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;  // ., .., writers' temporaries
+      names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) {
+      const std::string dir = JoinPath(root, name);
+      struct stat st;
+      if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+      if (!LooksLikeDataset(dir)) {
+        LogDebug("skipping ", dir,
+                 ": no metadata.json, shards.json or acts*.bin");
+        continue;
+      }
+      auto entry = std::make_shared<CatalogEntry>();
+      entry->id = name;
+      entry->dir = dir;
+      if (next->count(name) > 0) {
+        entry->status = absl::AlreadyExistsError(absl::StrCat(
+            "dataset id ", name, " exists under two roots; serving ",
+            (*next)[name]->dir));
+        LogWarning("dataset ", dir, " rejected: ", entry->status.message());
+        ++failed;
+        continue;  // the first one found keeps the id
+      }
+      auto info = ReadDatasetInfo(dir);
+      if (info.ok()) entry->info = *info;
+      auto reader = DatasetReader::Open(dir);
+      if (reader.ok()) {
+        entry->reader = std::move(*reader);
+        const DatasetDesc& dd = entry->reader->desc();
+        ++ok;
+        const CatalogEntry* before = was(name);
+        if (before != nullptr && before->status.ok()) {
+          (*next)[name] = std::move(entry);
+          continue;
+        }
+        for (const std::string& w : dd.warnings) LogWarning(w);
+        if (!entry->info->hash_matches_dir) {
+          LogWarning("dataset ", dir,
+                     ": directory name does not match the "
+                     "content hash ",
+                     entry->info->hash, " (served anyway)");
+        }
+        LogInfo("dataset ", name, " loaded: protocol ", dd.protocol, ", ",
+                dd.n_examples, " examples, layers ", dd.num_layers(), ", T ",
+                dd.tokens_per_example, ", D ", dd.d_model);
+      } else {
+        entry->status = reader.status();
+        const CatalogEntry* before = was(name);
+        if (before == nullptr || before->status != entry->status) {
+          LogWarning("dataset ", dir, " rejected: ", entry->status.message());
+        }
+        ++failed;
+      }
+      (*next)[name] = std::move(entry);
+    }
+  }
+  for (const auto& [id, entry] : *previous) {
+    if (next->count(id) == 0)
+      LogInfo("dataset ", id, " is gone from ", entry->dir);
+  }
+  MutexLock lock(&mu_);
+  snapshot_ = std::move(next);
+  return {ok, failed};
+}
+
+std::vector<std::shared_ptr<const CatalogEntry>> Catalog::List() const {
+  std::shared_ptr<const Snapshot> snap;
+  {
+    MutexLock lock(&mu_);
+    snap = snapshot_;
+  }
+  std::vector<std::shared_ptr<const CatalogEntry>> out;
+  for (const auto& [id, entry] : *snap) out.push_back(entry);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Find(
+    absl::string_view id) const {
+  std::shared_ptr<const Snapshot> snap;
+  {
+    MutexLock lock(&mu_);
+    snap = snapshot_;
+  }
+  auto exact = snap->find(std::string(id));
+  if (exact != snap->end()) return exact->second;
+  if (id.size() < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset \"", id,
+                     "\" not found; a prefix must have at least 8 characters"));
+  }
+  std::shared_ptr<const CatalogEntry> match;
+  for (auto it = snap->lower_bound(std::string(id));
+       it != snap->end() && absl::StartsWith(it->first, id); ++it) {
+    if (match != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset prefix \"", id, "\" is ambiguous: it matches ",
+                       match->id, " and ", it->first));
+    }
+    match = it->second;
+  }
+  if (match == nullptr) {
+    return absl::NotFoundError(absl::StrCat("dataset \"", id, "\" not found"));
+  }
+  return match;
+}
+
+absl::StatusOr<std::shared_ptr<const DatasetReader>> Catalog::Resolve(
+    absl::string_view id) const {
+  absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry = Find(id);
+  if (!entry.ok()) return entry.status();
+  if (!(*entry)->status.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", (*entry)->id,
+                     " is not served: ", (*entry)->status.message()));
+  }
+  return (*entry)->reader;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,125 @@
+#include "server/engine/catalog.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <vector>
+
+#include "common/file.h"
+#include "common/writer.h"
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace {
+
+class CatalogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = JoinPath(::testing::TempDir(), "catalog_test_XXXXXX");
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    root_a_ = JoinPath(dir_, "a");
+    root_b_ = JoinPath(dir_, "b");
+    ASSERT_EQ(::mkdir(root_a_.c_str(), 0755), 0);
+    ASSERT_EQ(::mkdir(root_b_.c_str(), 0755), 0);
+  }
+  void TearDown() override { RemoveTree(dir_).IgnoreError(); }
+
+  std::string Write(const std::string& root, int64_t n) {
+    WriterOptions o;
+    o.root = root;
+    o.layers = {1};
+    o.content_tokens = 2;
+    o.d_model = 4;
+    o.n_examples = n;
+    o.token_budget = 100;
+    auto w = DatasetWriter::Create(o);
+    EXPECT_TRUE(w.ok());
+    std::vector<float> v(static_cast<size_t>(n * 2 * 4), 1.5f);
+    EXPECT_TRUE((*w)->Append(v.data(), v.size() * 4).ok());
+    auto r = (*w)->Finish();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->hash;
+  }
+
+  std::string dir_, root_a_, root_b_;
+};
+
+TEST_F(CatalogTest, FindsByIdAndByUniquePrefixOfAtLeastEightCharacters) {
+  const std::string id = Write(root_a_, 3);
+  Catalog catalog({root_a_});
+  EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{1, 0}));
+  ASSERT_TRUE(catalog.Resolve(id).ok());
+  ASSERT_TRUE(catalog.Resolve(id.substr(0, 8)).ok());
+  EXPECT_EQ(catalog.Resolve(id.substr(0, 7)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog.Resolve("ffffffffffff").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CatalogTest, AmbiguousPrefixIsAnError) {
+  // Two dataset directories sharing an 8-character prefix (copies are
+  // served under any name; the name mismatch is only a warning).
+  const std::string id = Write(root_a_, 3);
+  ASSERT_EQ(std::system(("cp -r " + JoinPath(root_a_, id) + " " +
+                         JoinPath(root_a_, id.substr(0, 8) + "_copy"))
+                            .c_str()),
+            0);
+  Catalog catalog({root_a_});
+  catalog.Rescan();
+  auto r = catalog.Resolve(id.substr(0, 8));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
+  EXPECT_TRUE(catalog.Resolve(id).ok());  // the exact id still works
+}
+
+TEST_F(CatalogTest, SameIdUnderTwoRootsKeepsTheFirstAndReportsTheSecond) {
+  const std::string id = Write(root_a_, 3);
+  ASSERT_EQ(Write(root_b_, 3), id);
+  Catalog catalog({root_a_, root_b_});
+  EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{1, 1}));
+  auto entry = catalog.Find(id);
+  ASSERT_TRUE(entry.ok());
+  EXPECT_EQ((*entry)->dir, JoinPath(root_a_, id));
+}
+
+TEST_F(CatalogTest, BrokenDatasetIsListedWithItsErrorAndNotServed) {
+  const std::string bad = JoinPath(root_a_, "broken");
+  ASSERT_EQ(::mkdir(bad.c_str(), 0755), 0);
+  std::ofstream(JoinPath(bad, "shards.json")) << "[]";
+  Catalog catalog({root_a_});
+  EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{0, 1}));
+  auto list = catalog.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]->status.code(),
+            absl::StatusCode::kNotFound);  // no metadata.json
+  EXPECT_EQ(catalog.Resolve("broken").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CatalogTest, DirectoriesWithoutProtocolFilesAndDotDirsAreIgnored) {
+  Write(root_a_, 2);
+  ASSERT_EQ(::mkdir(JoinPath(root_a_, "lost+found").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(JoinPath(root_a_, ".shardcast-tmp-x").c_str(), 0755), 0);
+  std::ofstream(
+      JoinPath(JoinPath(root_a_, ".shardcast-tmp-x"), "metadata.json"))
+      << "{";
+  Catalog catalog({root_a_});
+  EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{1, 0}));
+  EXPECT_EQ(catalog.List().size(), 1u);
+}
+
+TEST_F(CatalogTest, RescanDropsDeletedDatasetsAndAddsNewOnes) {
+  const std::string first = Write(root_a_, 2);
+  Catalog catalog({root_a_});
+  catalog.Rescan();
+  ASSERT_TRUE(RemoveTree(JoinPath(root_a_, first)).ok());
+  const std::string second = Write(root_a_, 5);
+  catalog.Rescan();
+  EXPECT_EQ(catalog.Resolve(first).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(catalog.Resolve(second).ok());
+}
+
+}  // namespace
+}  // namespace shardcast

@@ -1,0 +1,90 @@
+#include "server/engine/engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "server/engine/ordered_stream.h"
+#include "server/engine/shuffled_stream.h"
+
+namespace shardcast {
+
+Engine::Engine(EngineOptions options)
+    : options_(std::move(options)),
+      catalog_(std::make_unique<Catalog>(options_.roots)),
+      queries_(catalog_.get(), options_.limits) {}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
+  std::unique_ptr<Engine> e(new Engine(std::move(options)));
+  e->Rescan();
+  ScanRegistry::Options scans;
+  scans.reservoir = e->options_.reservoir;
+  scans.reads = e->options_.reads;
+  scans.scans = e->options_.scans;
+  ASSIGN_OR_RETURN(e->scans_, ScanRegistry::Start(scans));
+  const Reservoir& r = *e->scans_->reservoir();
+  const ReadEngine& reads = *e->scans_->engine();
+  const ScanOptions& s = e->options_.scans;
+  LogInfo(
+      "reservoir ", r.bytes() >> 20, " MiB in ", r.num_slots(), " blocks of ",
+      r.slot_bytes() >> 10, " KiB; each shuffled stream reserves ",
+      s.window_blocks + s.lag_blocks, " (window ", s.window_blocks, " + lag ",
+      s.lag_blocks,
+      "); read engine: ", reads.uses_uring() ? "io_uring" : "pread fallback",
+      ", ", reads.options().queue_depth,
+      " reads of <= ", reads.options().read_bytes >> 10, " KiB in flight",
+      s.direct_io ? ", O_DIRECT" : "",
+      reads.buffers_registered() ? ", registered buffers" : "");
+  return e;
+}
+
+std::pair<int64_t, int64_t> Engine::Rescan() {
+  auto [ok, failed] = catalog_->Rescan();
+  datasets_ok_ = ok;
+  datasets_failed_ = failed;
+  LogInfo("catalog: ", ok, " dataset(s) served, ", failed, " rejected");
+  return {ok, failed};
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
+    StreamOptions o) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(o.dataset));
+  const DatasetDesc& d = reader->desc();
+  const uint64_t vb = d.vector_bytes();
+  if (o.max_batch_bytes > 0 && o.spec.batch_size > 0 &&
+      static_cast<uint64_t>(o.spec.batch_size) > o.max_batch_bytes / vb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size ", o.spec.batch_size, " x d_model ", d.d_model,
+                     " x 4 bytes exceeds the ", o.max_batch_bytes >> 20,
+                     " MiB a batch may hold on this connection; use at most ",
+                     o.max_batch_bytes / vb, " vectors per batch"));
+  }
+  const std::string id = reader->info().dir_name;
+  if (o.order == StreamOrder::kShuffled) {
+    return ShuffledStream::Create(scans_.get(), std::move(reader), id, o.spec,
+                                  o.seed, o.resume_token, o.peer);
+  }
+  return OrderedStream::Create(std::move(reader), id, o.spec, o.resume_token,
+                               &ordered_bytes_read_);
+}
+
+EngineFigures Engine::Figures() const {
+  EngineFigures f;
+  const Reservoir& r = *scans_->reservoir();
+  f.reservoir_bytes = r.bytes();
+  f.reservoir_bytes_in_use =
+      static_cast<uint64_t>(r.slots_in_use()) * r.slot_bytes();
+  f.reservoir_bytes_reserved =
+      static_cast<uint64_t>(r.slots_reserved()) * r.slot_bytes();
+  f.blocks_read = scans_->engine()->blocks_read();
+  f.bytes_read = scans_->engine()->bytes_read() + ordered_bytes_read_.load() +
+                 queries_.bytes_read();
+  f.datasets_ok = datasets_ok_.load();
+  f.datasets_failed = datasets_failed_.load();
+  f.scans = scans_->Status();
+  return f;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,101 @@
+// The daemon's engine: everything between the shard files and a transport,
+// and nothing of any transport (this directory builds without gRPC; see
+// README.md, "Architecture"). It owns the catalog of datasets, the
+// random-access query engine and the streaming engine (reservoir, read
+// engine, shared scans), and opens streams as BatchSources from plain
+// options. Transports (server/transport/) only convert requests into these
+// types and write what comes back.
+#ifndef SHARDCAST_SERVER_ENGINE_ENGINE_H_
+#define SHARDCAST_SERVER_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/engine/batch_source.h"
+#include "server/engine/catalog.h"
+#include "server/engine/engine_status.h"
+#include "server/engine/query.h"
+#include "server/engine/scan.h"
+#include "server/engine/selection.h"
+
+namespace shardcast {
+
+/// What the engine is built from. Plain data; validated by the daemon's
+/// option table (server/options.h).
+struct EngineOptions {
+  /// Directories holding dataset directories (<root>/<HASH>/).
+  std::vector<std::string> roots;
+  QueryLimits limits;
+  ReservoirOptions reservoir;
+  ReadEngineOptions reads;
+  ScanOptions scans;
+};
+
+/// How a stream visits its selection.
+enum class StreamOrder {
+  kShuffled,  // trainers: on the selection's shared scan (shuffled_stream.h)
+  kOrdered,   // visualisers, evaluation: disk order (ordered_stream.h)
+};
+
+/// One stream as a transport received it. Plain data.
+struct StreamOptions {
+  std::string dataset;  // id or unique prefix (never a path)
+  StreamSpec spec;
+  StreamOrder order = StreamOrder::kShuffled;
+  uint64_t seed = 0;  // shuffled streams only
+  std::string resume_token;
+  std::string peer;  // names the client in status pages and logs
+  /// The largest batch (vector bytes) the transport can carry; 0 = no limit.
+  uint64_t max_batch_bytes = 0;
+};
+
+/// Thread-safe.
+class Engine {
+ public:
+  /// Scans the roots, makes the reservoir (RESOURCE_EXHAUSTED or
+  /// INVALID_ARGUMENT from Reservoir::Create) and starts the read engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Start(EngineOptions options);
+  /// Every BatchSource it opened must be gone. Stops the read engine (reads
+  /// in flight complete first), then frees the reservoir.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Rescans the roots (SIGHUP); returns the (served, rejected) counts.
+  std::pair<int64_t, int64_t> Rescan();
+
+  const Catalog& catalog() const { return *catalog_; }
+  const QueryEngine& queries() const { return queries_; }
+
+  /// Opens a stream: resolves the dataset (NOT_FOUND, INVALID_ARGUMENT for a
+  /// short or ambiguous prefix, FAILED_PRECONDITION for a rejected dataset),
+  /// checks the batch against `max_batch_bytes` and the spec and resume
+  /// token (INVALID_ARGUMENT naming the field), and for shuffled streams
+  /// joins the selection's shared scan (RESOURCE_EXHAUSTED naming the
+  /// flags when the reservoir cannot take another stream).
+  absl::StatusOr<std::unique_ptr<BatchSource>> OpenStream(
+      StreamOptions options);
+
+  /// The engine's figures now (reservoir, scans, bytes read, datasets).
+  EngineFigures Figures() const;
+
+ private:
+  explicit Engine(EngineOptions options);
+
+  const EngineOptions options_;
+  const std::unique_ptr<Catalog> catalog_;
+  const QueryEngine queries_;
+  std::unique_ptr<ScanRegistry> scans_;
+  std::atomic<uint64_t> ordered_bytes_read_{0};
+  std::atomic<int64_t> datasets_ok_{0};
+  std::atomic<int64_t> datasets_failed_{0};
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_ENGINE_H_

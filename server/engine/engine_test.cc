@@ -1,0 +1,205 @@
+// The engine as a transport sees it: Engine::Start from plain options,
+// OpenStream for both stream kinds behind the one BatchSource interface,
+// its errors, and its figures. Expected rows and bytes come from the
+// protocol and the generator (stream_test_util.h).
+#include "server/engine/engine.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "common/file.h"
+#include "common/testing.h"
+#include "gtest/gtest.h"
+#include "server/engine/stream_test_util.h"
+
+namespace shardcast {
+namespace {
+
+using namespace stream_test;  // NOLINT: test constants and helpers
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    id_ = BaseName(WriteTestDataset(root_));
+    ASSERT_FALSE(id_.empty());
+  }
+  void TearDown() override {
+    engine_.reset();
+  }
+
+  void Start(int64_t reservoir_slots = 256) {
+    EngineOptions o;
+    o.roots = {root_};
+    o.reservoir.slot_bytes = 8 * kD * 4;
+    o.reservoir.bytes = static_cast<uint64_t>(reservoir_slots) * 8 * kD * 4;
+    o.scans.window_blocks = 2;
+    o.scans.lag_blocks = 4;
+    auto e = Engine::Start(o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+  }
+
+  static StreamOptions Options(StreamOrder order) {
+    StreamOptions o;
+    o.dataset = "";
+    o.order = order;
+    o.spec.layer = 6;
+    o.spec.batch_size = 10;
+    o.seed = 3;
+    o.peer = "test";
+    return o;
+  }
+
+  // Every row of every batch `source` fills until it ends, checked against
+  // the generator; waits for the waker on kPending like a transport.
+  static absl::StatusOr<std::vector<Row>> Drain(BatchSource& source) {
+    std::vector<char> buffer(source.shape().batch_bytes());
+    struct Waiter {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool woken = false;
+    };
+    auto waiter = std::make_shared<Waiter>();
+    std::vector<Row> rows;
+    StreamBatch b;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(waiter->mu);
+        waiter->woken = false;
+      }
+      absl::StatusOr<BatchSource::Fill> fill =
+          source.Next(VectorDest{buffer.data(), buffer.size()}, &b, [waiter] {
+            std::lock_guard<std::mutex> lock(waiter->mu);
+            waiter->woken = true;
+            waiter->cv.notify_all();
+          });
+      if (!fill.ok()) return fill.status();
+      if (*fill == BatchSource::Fill::kEnd) return rows;
+      if (*fill == BatchSource::Fill::kPending) {
+        std::unique_lock<std::mutex> lock(waiter->mu);
+        if (!waiter->cv.wait_for(lock, std::chrono::seconds(20),
+                                 [&] { return waiter->woken; })) {
+          return absl::DeadlineExceededError("no block for 20 s");
+        }
+        continue;
+      }
+      for (int64_t i = 0; i < b.rows; ++i) {
+        rows.push_back(CheckedRow(b, buffer.data(), i, 6));
+      }
+    }
+  }
+
+  TempRoot tmp_;
+  const std::string root_ = tmp_.path();
+  std::string id_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, BothStreamKindsAreBatchSourcesOverTheSameSelection) {
+  Start();
+  const std::vector<Row> want = Expected(6, TokenSelection::kContent);
+  StreamOptions ordered = Options(StreamOrder::kOrdered);
+  ordered.dataset = id_;
+  auto o = engine_->OpenStream(ordered);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ((*o)->shape().batch_size, 10);
+  EXPECT_EQ((*o)->shape().d_model, kD);
+  EXPECT_EQ((*o)->shape().vector_bytes, static_cast<uint64_t>(kD) * 4);
+  EXPECT_EQ((*o)->shape().vectors_per_epoch, static_cast<int64_t>(want.size()));
+  auto ordered_rows = Drain(**o);
+  ASSERT_TRUE(ordered_rows.ok()) << ordered_rows.status();
+  EXPECT_EQ(*ordered_rows, want) << "ordered: disk order";
+
+  StreamOptions shuffled = Options(StreamOrder::kShuffled);
+  shuffled.dataset = id_.substr(0, 8);  // a unique prefix is enough
+  auto s = engine_->OpenStream(shuffled);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto shuffled_rows = Drain(**s);
+  ASSERT_TRUE(shuffled_rows.ok()) << shuffled_rows.status();
+  EXPECT_EQ(Sorted(*shuffled_rows), want) << "shuffled: a permutation";
+  EXPECT_NE(*shuffled_rows, want) << "shuffled: not shuffled";
+}
+
+TEST_F(EngineTest, OpenStreamErrorsNameWhatIsWrong) {
+  Start();
+  StreamOptions o = Options(StreamOrder::kShuffled);
+  o.dataset = "0123456789abcdef";
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kNotFound);
+  o.dataset = id_.substr(0, 4);
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.dataset = id_;
+  o.spec.layer = 7;  // not recorded
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.spec.layer = 6;
+  o.spec.batch_size = 0;
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The transport's limit per batch: 1000 bytes hold 62 vectors of 16.
+  o.spec.batch_size = 63;
+  o.max_batch_bytes = 1000;
+  for (StreamOrder order : {StreamOrder::kShuffled, StreamOrder::kOrdered}) {
+    o.order = order;
+    absl::Status st = engine_->OpenStream(o).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("at most 62 vectors"), std::string::npos) << st;
+  }
+  o.spec.batch_size = 62;
+  EXPECT_TRUE(engine_->OpenStream(o).ok());
+  // A batch size whose bytes overflow 64 bits is refused, not wrapped.
+  o.spec.batch_size = int64_t{1} << 62;
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, AFullReservoirRefusesAShuffledStreamNamingTheFlags) {
+  Start(/*reservoir_slots=*/8);  // one stream reserves 2 + 4
+  StreamOptions o = Options(StreamOrder::kShuffled);
+  o.dataset = id_;
+  auto first = engine_->OpenStream(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::Status second = engine_->OpenStream(o).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_NE(second.message().find("reservoir"), std::string::npos) << second;
+  first->reset();
+  EXPECT_TRUE(engine_->OpenStream(o).ok()) << "the reservation was not freed";
+}
+
+TEST_F(EngineTest, FiguresCountWhatQueriesAndStreamsRead) {
+  Start();
+  EngineFigures f = engine_->Figures();
+  EXPECT_EQ(f.datasets_ok, 1);
+  EXPECT_EQ(f.datasets_failed, 0);
+  EXPECT_EQ(f.bytes_read, 0u);
+  EXPECT_EQ(f.reservoir_bytes, 256u * 8 * kD * 4);
+  StreamOptions o = Options(StreamOrder::kOrdered);
+  o.dataset = id_;
+  auto s = engine_->OpenStream(o);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(Drain(**s).ok());
+  const uint64_t selected = static_cast<uint64_t>(kN * kP * kD * 4);
+  EXPECT_EQ(engine_->Figures().bytes_read, selected);
+  auto v = engine_->queries().GetVectors(id_, {{0, 6, 1}, {3, -2, 0}});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(engine_->Figures().bytes_read, selected + 2 * kD * 4);
+  o.order = StreamOrder::kShuffled;
+  s = engine_->OpenStream(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(engine_->Figures().scans.size(), 1u);
+  ASSERT_TRUE(Drain(**s).ok());
+  f = engine_->Figures();
+  // The scan read the selected vectors and the labels of their examples.
+  EXPECT_GT(f.scans[0].bytes_read, selected);
+  EXPECT_EQ(f.bytes_read, selected + 2 * kD * 4 + f.scans[0].bytes_read);
+  EXPECT_EQ(f.blocks_read, static_cast<uint64_t>((kN * kP + 7) / 8));
+  s->reset();
+  EXPECT_TRUE(engine_->Figures().scans.empty());
+}
+
+}  // namespace
+}  // namespace shardcast

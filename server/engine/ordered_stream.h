@@ -1,0 +1,71 @@
+// Ordered streaming: batches of a dataset selection in disk order (example,
+// then layer, then token), partitioned across ranks (contiguous ranges),
+// resumable. A batch is read once, straight from disk into the transport's
+// destination, with the io_uring layer (server/io/uring.h).
+//
+// Resume token (little-endian): "SCO1", u64 request fingerprint, i64 epoch,
+// i64 next vector id, i64 batch index.
+#ifndef SHARDCAST_SERVER_ENGINE_ORDERED_STREAM_H_
+#define SHARDCAST_SERVER_ENGINE_ORDERED_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/reader.h"
+#include "server/engine/batch_source.h"
+#include "server/engine/selection.h"
+
+namespace shardcast {
+
+/// Not thread-safe: one per stream, used by one worker at a time.
+class OrderedStream final : public BatchSource {
+ public:
+  /// Validates the spec (INVALID_ARGUMENT naming the field) and the resume
+  /// token (INVALID_ARGUMENT when malformed or issued for another request).
+  /// `disk_bytes`, when given, accumulates the bytes the stream reads from
+  /// disk (the engine's figure; it must outlive the stream).
+  static absl::StatusOr<std::unique_ptr<OrderedStream>> Create(
+      std::shared_ptr<const DatasetReader> reader, std::string dataset_id,
+      StreamSpec spec, const std::string& resume_token,
+      std::atomic<uint64_t>* disk_bytes = nullptr);
+
+  /// Reads the next batch's vectors straight from disk into `dest` and its
+  /// metadata into `out`; false when every epoch is done. DATA_LOSS when a
+  /// shard turned out short or unreadable; INVALID_ARGUMENT when `dest` is
+  /// smaller than a batch.
+  absl::StatusOr<bool> Next(VectorDest dest, StreamBatch* out);
+  /// BatchSource: the same, never kPending (reads block the calling worker).
+  absl::StatusOr<Fill> Next(VectorDest dest, StreamBatch* out,
+                            std::function<void()> waker) override;
+
+  /// Vectors this client gets per epoch (its partition), before any label
+  /// filter.
+  int64_t vectors_per_epoch() const { return hi_ - lo_; }
+  int64_t batch_size() const { return spec_.batch_size; }
+
+ private:
+  OrderedStream() = default;
+  std::string ResumeToken() const;
+
+  std::shared_ptr<const DatasetReader> reader_;
+  std::string dataset_id_;
+  StreamSpec spec_;
+  Selection sel_;
+  uint64_t fingerprint_ = 0;
+  int64_t lo_ = 0, hi_ = 0;  // this rank's vector ids [lo, hi)
+  int64_t epoch_ = 0;
+  int64_t next_ = 0;  // next vector id in the current epoch
+  int64_t batch_index_ = 0;
+  std::atomic<uint64_t>* disk_bytes_ = nullptr;
+  bool exclude_[256] = {};  // labels to drop
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_ORDERED_STREAM_H_

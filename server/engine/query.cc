@@ -1,0 +1,89 @@
+#include "server/engine/query.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "server/io/uring.h"
+
+namespace shardcast {
+
+absl::Status QueryEngine::CheckBytes(uint64_t bytes) const {
+  if (bytes > limits_.max_bytes_per_call) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the reply would hold ", bytes, " bytes; the limit per call is ",
+        limits_.max_bytes_per_call, " (split the request)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
+    absl::string_view dataset, const std::vector<Coord>& coords) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  const DatasetDesc& d = reader->desc();
+  const int64_t n = static_cast<int64_t>(coords.size());
+  if (n > limits_.max_vectors_per_call) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request asks for ", n, " vectors; the limit per call is ",
+        limits_.max_vectors_per_call));
+  }
+  RETURN_IF_ERROR(CheckBytes(static_cast<uint64_t>(n) * d.vector_bytes()));
+  // Validate every coordinate before reading anything.
+  std::vector<ReadOp> ops;
+  ops.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const Coord& c = coords[static_cast<size_t>(i)];
+    absl::StatusOr<FileRange> range =
+        reader->VectorRange(c.example, c.layer, c.token);
+    if (!range.ok()) {
+      return Annotate(range.status(), absl::StrCat("coordinates[", i, "]"));
+    }
+    ops.push_back(ReadOp::Into(*range, nullptr));
+  }
+  VectorsResult r;
+  r.shape = {n, d.d_model};
+  r.data = Payload(static_cast<size_t>(n) * d.vector_bytes());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ops[i].dest = r.data.data() + i * d.vector_bytes();
+  }
+  RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
+  bytes_read_ += r.data.size();
+  return r;
+}
+
+absl::StatusOr<VectorsResult> QueryEngine::GetExample(
+    absl::string_view dataset, int64_t example,
+    std::optional<int64_t> layer) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  const DatasetDesc& d = reader->desc();
+  VectorsResult r;
+  FileRange range;
+  if (layer.has_value()) {
+    RETURN_IF_ERROR(CheckBytes(d.layer_slice_bytes()));
+    ASSIGN_OR_RETURN(range, reader->LayerSliceRange(example, *layer));
+    r.shape = {d.tokens_per_example, d.d_model};
+  } else {
+    RETURN_IF_ERROR(CheckBytes(d.example_bytes()));
+    ASSIGN_OR_RETURN(range, reader->ExampleRange(example));
+    r.shape = {d.num_layers(), d.tokens_per_example, d.d_model};
+  }
+  r.data = Payload(static_cast<size_t>(range.length));
+  RETURN_IF_ERROR(
+      UringReader::ThisThread().ReadAll({ReadOp::Into(range, r.data.data())}));
+  bytes_read_ += r.data.size();
+  return r;
+}
+
+absl::StatusOr<std::string> QueryEngine::GetLabels(absl::string_view dataset,
+                                                   int64_t example) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  ASSIGN_OR_RETURN(FileRange range, reader->LabelsRange(example));
+  std::string labels(static_cast<size_t>(range.length), '\0');
+  RETURN_IF_ERROR(
+      UringReader::ThisThread().ReadAll({ReadOp::Into(range, labels.data())}));
+  bytes_read_ += labels.size();
+  return labels;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,92 @@
+// Random-access queries (vectors by coordinate, whole examples, labels),
+// independent of the transport: results are raw float32 payload buffers the
+// transport hands to the wire without copying. Reads go through the calling
+// worker thread's io_uring (server/io/uring.h), many in flight per call.
+#ifndef SHARDCAST_SERVER_ENGINE_QUERY_H_
+#define SHARDCAST_SERVER_ENGINE_QUERY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/engine/catalog.h"
+
+namespace shardcast {
+
+/// A malloc'd byte buffer; Release() hands ownership to a free()-ing owner.
+class Payload {
+ public:
+  Payload() = default;
+  explicit Payload(size_t size)
+      : data_(static_cast<char*>(std::malloc(size > 0 ? size : 1))),
+        size_(size) {}
+  char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  /// Gives up ownership; the caller must free() the pointer.
+  char* Release() { return data_.release(); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeDeleter> data_;
+  size_t size_ = 0;
+};
+
+struct QueryLimits {
+  int64_t max_vectors_per_call = 1 << 20;
+  uint64_t max_bytes_per_call = 64ull << 20;  // stays under the message limit
+};
+
+struct Coord {
+  int64_t example = 0;
+  int64_t layer = 0;
+  int64_t token = 0;
+};
+
+struct VectorsResult {
+  std::vector<int64_t> shape;
+  Payload data;
+};
+
+/// Runs queries against a catalog. Thread-safe (the catalog and readers
+/// are); blocking (disk reads): call from worker threads only.
+class QueryEngine {
+ public:
+  /// `catalog` must outlive the engine.
+  QueryEngine(const Catalog* catalog, QueryLimits limits)
+      : catalog_(catalog), limits_(limits) {}
+
+  /// [N, D] vectors in request order. Errors: NOT_FOUND / INVALID_ARGUMENT
+  /// (dataset), RESOURCE_EXHAUSTED (over the limits), OUT_OF_RANGE /
+  /// INVALID_ARGUMENT naming the first bad coordinate, DATA_LOSS (file).
+  absl::StatusOr<VectorsResult> GetVectors(
+      absl::string_view dataset, const std::vector<Coord>& coords) const;
+  /// [T, D] for one layer or [L, T, D] for all layers of one example.
+  absl::StatusOr<VectorsResult> GetExample(absl::string_view dataset,
+                                           int64_t example,
+                                           std::optional<int64_t> layer) const;
+  /// content_tokens uint8 labels; NOT_FOUND without labels.bin.
+  absl::StatusOr<std::string> GetLabels(absl::string_view dataset,
+                                        int64_t example) const;
+
+  const Catalog* catalog() const { return catalog_; }
+  /// Bytes read from disk by queries so far.
+  uint64_t bytes_read() const { return bytes_read_.load(); }
+
+ private:
+  absl::Status CheckBytes(uint64_t bytes) const;
+
+  const Catalog* catalog_;
+  const QueryLimits limits_;
+  mutable std::atomic<uint64_t> bytes_read_{0};
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_QUERY_H_

@@ -1,0 +1,187 @@
+#include "server/engine/reservoir.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+
+namespace shardcast {
+namespace {
+
+constexpr uint64_t kPage = 4096;  // for prefaulting
+
+// "512 KiB", "4 MiB", "1.5 GiB", or bytes below 1 KiB.
+std::string HumanBytes(uint64_t bytes) {
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.4g %s", v, units[u]);
+}
+
+}  // namespace
+
+Reservoir::Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes,
+                     int64_t slots)
+    : base_(base), mapped_(mapped), slot_bytes_(slot_bytes), num_slots_(slots) {
+  MutexLock lock(&mu_);
+  in_use_.assign(static_cast<size_t>(slots), false);
+  free_.resize(static_cast<size_t>(slots));
+  for (int64_t i = 0; i < slots; ++i)
+    free_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+}
+
+Reservoir::~Reservoir() {
+  const int64_t in_use = slots_in_use();
+  if (in_use > 0) {
+    LogError("reservoir destroyed with ", in_use, " block(s) still in use");
+  }
+  ::munmap(base_, mapped_);
+}
+
+absl::StatusOr<std::unique_ptr<Reservoir>> Reservoir::Create(
+    ReservoirOptions options) {
+  // Slots are cache-line multiples; a page multiple (as --block-bytes
+  // normally is) keeps every slot page-aligned for O_DIRECT.
+  const uint64_t slot =
+      std::max<uint64_t>(64, (options.slot_bytes + 63) / 64 * 64);
+  const uint64_t slots = options.bytes / slot;
+  if (slots < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reservoir-bytes ", options.bytes, " holds fewer than 2 blocks of ",
+        slot, " bytes (--block-bytes); give at least ", 2 * slot));
+  }
+  if (slots > (1u << 30)) {
+    return absl::InvalidArgumentError(
+        "--reservoir-bytes / --block-bytes is too many slots");
+  }
+  const uint64_t mapped = slots * slot;
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map the reservoir (", HumanBytes(mapped),
+                     "): ", std::strerror(errno)));
+  }
+  // Huge pages make the first touch of the reservoir far cheaper; a kernel
+  // without transparent huge pages just ignores the advice.
+  ::madvise(p, mapped, MADV_HUGEPAGE);
+  if (options.prefault) {
+    char* c = static_cast<char*>(p);
+    for (uint64_t off = 0; off < mapped; off += kPage) c[off] = 0;
+  }
+  return std::unique_ptr<Reservoir>(new Reservoir(
+      static_cast<char*>(p), mapped, slot, static_cast<int64_t>(slots)));
+}
+
+absl::Status Reservoir::Reserve(int64_t slots, const std::string& what) {
+  if (slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot reserve a negative number of blocks (", slots, ")"));
+  }
+  MutexLock lock(&mu_);
+  // Overflow lent out does not count: it is taken back (ScanRegistry
+  // reclaims it) when a new reservation needs the room.
+  if (reserved_ + slots > num_slots_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the reservoir cannot take this stream: it needs ", slots,
+        " blocks of ", HumanBytes(slot_bytes_), " (", what, ") but only ",
+        num_slots_ - reserved_, " of the reservoir's ", num_slots_, " (",
+        HumanBytes(bytes()),
+        ", --reservoir-bytes) are not reserved by other "
+        "streams; raise --reservoir-bytes or lower --shuffle-window, "
+        "--lag-blocks or --block-bytes"));
+  }
+  reserved_ += slots;
+  return absl::OkStatus();
+}
+
+void Reservoir::Unreserve(int64_t slots) {
+  MutexLock lock(&mu_);
+  if (slots < 0 || slots > reserved_) {
+    LogError("reservoir: unreserving ", slots, " blocks of ", reserved_,
+             " reserved (bug); ignored");
+    return;
+  }
+  reserved_ -= slots;
+}
+
+bool Reservoir::TryTakeOverflow() {
+  MutexLock lock(&mu_);
+  if (overflow_ + reserved_ >= num_slots_) return false;
+  ++overflow_;
+  return true;
+}
+
+void Reservoir::ReturnOverflow(int64_t n) {
+  MutexLock lock(&mu_);
+  if (n < 0 || n > overflow_) {
+    LogError("reservoir: returning ", n, " overflow blocks of ", overflow_,
+             " taken (bug); ignored");
+    return;
+  }
+  overflow_ -= n;
+}
+
+int64_t Reservoir::overflow_available() const {
+  MutexLock lock(&mu_);
+  return std::max<int64_t>(0, num_slots_ - reserved_ - overflow_);
+}
+
+int64_t Reservoir::overflow_excess() const {
+  MutexLock lock(&mu_);
+  return std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
+}
+
+int64_t Reservoir::overflow_taken() const {
+  MutexLock lock(&mu_);
+  return overflow_;
+}
+
+std::optional<int32_t> Reservoir::TryAcquire() {
+  MutexLock lock(&mu_);
+  if (free_.empty()) return std::nullopt;
+  std::pop_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  const int32_t slot = free_.back();
+  free_.pop_back();
+  in_use_[static_cast<size_t>(slot)] = true;
+  return slot;
+}
+
+void Reservoir::Release(int32_t slot) {
+  {
+    MutexLock lock(&mu_);
+    if (slot < 0 || slot >= num_slots_ || !in_use_[static_cast<size_t>(slot)]) {
+      LogError("reservoir: release of slot ", slot,
+               " that is not in use (bug); ignored");
+      return;
+    }
+    in_use_[static_cast<size_t>(slot)] = false;
+    free_.push_back(slot);
+    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  }
+  if (listener_) listener_();
+}
+
+int64_t Reservoir::slots_in_use() const {
+  MutexLock lock(&mu_);
+  return num_slots_ - static_cast<int64_t>(free_.size());
+}
+
+int64_t Reservoir::slots_reserved() const {
+  MutexLock lock(&mu_);
+  return reserved_;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,113 @@
+// The reservoir: the daemon's one bounded pool of block memory
+// (--reservoir-bytes), cut into fixed slots that hold one block each. Shared
+// scans read blocks into slots; a slot returns to the pool when the last
+// client holding its block lets go.
+//
+// Memory is one anonymous mapping made at start. Pages are touched only when
+// a slot is first used (or all at once with `prefault`), and free slots are
+// handed out lowest index first, so a daemon that needs little memory keeps
+// reusing the same warm pages (first touch of fresh memory is slow on these
+// VMs: README.md, "Measuring").
+//
+// Admission: each shuffled stream reserves the slots it may pin (its shuffle
+// window plus its lag bound, see SharedScan). Reserve() refuses a stream the
+// pool cannot guarantee, so the slots in use never exceed the reservations
+// and a reader that needs a slot always finds one.
+#ifndef SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
+#define SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+
+namespace shardcast {
+
+struct ReservoirOptions {
+  uint64_t bytes = 2ull << 30;       // total; rounded down to whole slots
+  uint64_t slot_bytes = 4ull << 20;  // one block; rounded up to 64 bytes
+  bool prefault = false;             // touch every page at start
+};
+
+/// Thread-safe. Owns its mapping (unmapped on destruction; every slot must
+/// have been released by then, which is logged otherwise).
+class Reservoir {
+ public:
+  /// INVALID_ARGUMENT when fewer than 2 slots fit; RESOURCE_EXHAUSTED when
+  /// the mapping cannot be made.
+  static absl::StatusOr<std::unique_ptr<Reservoir>> Create(
+      ReservoirOptions options);
+  ~Reservoir();
+  Reservoir(const Reservoir&) = delete;
+  Reservoir& operator=(const Reservoir&) = delete;
+
+  /// Reserves `slots` for a new stream; RESOURCE_EXHAUSTED with the numbers
+  /// (and `what` the stream needs them for) when they are not available.
+  /// Overflow lent out does not count against it (see overflow_excess).
+  absl::Status Reserve(int64_t slots, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Returns a reservation made by Reserve().
+  void Unreserve(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// Overflow: slots beyond every stream's reservation (num_slots minus the
+  /// reserved ones) that scans may use to let a stream fall behind further
+  /// than its lag bound. Taking one succeeds while the total taken stays
+  /// within that spare, so reservations always remain honourable.
+  bool TryTakeOverflow() ABSL_LOCKS_EXCLUDED(mu_);
+  void ReturnOverflow(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t overflow_taken() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t overflow_available() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Overflow lent beyond what the reservations now leave (after a new
+  /// Reserve): to be reclaimed.
+  int64_t overflow_excess() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// A free slot (lowest index first), or nothing when all are in use.
+  std::optional<int32_t> TryAcquire() ABSL_LOCKS_EXCLUDED(mu_);
+  /// Gives a slot back, then calls the release listener. A slot that is not
+  /// in use (a bug) is logged and ignored.
+  void Release(int32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Called (without locks held) after every Release, e.g. to wake the read
+  /// engine that may be waiting for a slot. Set once, before use.
+  void SetReleaseListener(std::function<void()> listener) {
+    listener_ = std::move(listener);
+  }
+
+  char* slot_data(int32_t slot) const {
+    return base_ + static_cast<uint64_t>(slot) * slot_bytes_;
+  }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  int64_t num_slots() const { return num_slots_; }
+  /// The whole mapping (for io_uring buffer registration).
+  char* base() const { return base_; }
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(num_slots_) * slot_bytes_;
+  }
+
+  int64_t slots_in_use() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t slots_reserved() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes, int64_t slots);
+
+  char* const base_;
+  const uint64_t mapped_;
+  const uint64_t slot_bytes_;
+  const int64_t num_slots_;
+  std::function<void()> listener_;
+
+  mutable Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
+  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t overflow_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_RESERVOIR_H_

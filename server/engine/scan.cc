@@ -1,0 +1,647 @@
+#include "server/engine/scan.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/synth.h"
+
+namespace shardcast {
+
+// ------------------------------------------------------------- BlockLayout
+
+absl::StatusOr<BlockLayout> BlockLayout::Make(const DatasetDesc& d,
+                                              const Selection& sel,
+                                              uint64_t block_bytes) {
+  BlockLayout l;
+  l.sel = sel;
+  l.vector_bytes = d.vector_bytes();
+  l.vectors_per_block = static_cast<int64_t>(block_bytes / l.vector_bytes);
+  if (l.vectors_per_block < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "one vector (d_model ", d.d_model, " x 4 = ", l.vector_bytes,
+        " bytes) does not fit in a block of ", block_bytes,
+        " bytes; raise --block-bytes"));
+  }
+  const int64_t v = sel.num_vectors();
+  l.num_blocks = (v + l.vectors_per_block - 1) / l.vectors_per_block;
+  return l;
+}
+
+Block::~Block() {
+  if (reservoir != nullptr && slot >= 0) reservoir->Release(slot);
+}
+
+// -------------------------------------------------------------- SharedScan
+
+SharedScan::SharedScan(std::shared_ptr<const DatasetReader> reader,
+                       std::string dataset, BlockLayout layout,
+                       ScanOptions options, Reservoir* reservoir,
+                       std::function<void()> wake_reads,
+                       std::vector<UniqueFd> fds, uint64_t seed,
+                       int64_t first_cycle)
+    : reader_(std::move(reader)),
+      dataset_(std::move(dataset)),
+      layout_(std::move(layout)),
+      options_(options),
+      reservoir_(reservoir),
+      wake_reads_(std::move(wake_reads)),
+      fds_(std::move(fds)),
+      seed_(seed),
+      selection_name_(layout_.sel.Name(reader_->desc())),
+      labels_path_(reader_->labels_path()),
+      start_at_(Clock::now() + options.start_delay) {
+  MutexLock lock(&mu_);
+  need_count_.assign(static_cast<size_t>(layout_.num_blocks), 0);
+  cycle_ = first_cycle;
+  NewCycle();
+}
+
+SharedScan::~SharedScan() = default;
+
+void SharedScan::NewCycle() {
+  // Fisher-Yates with SplitMix64, seeded by (seed, cycle): the permutation
+  // of a cycle is a pure function of the two.
+  order_.resize(static_cast<size_t>(layout_.num_blocks));
+  std::iota(order_.begin(), order_.end(), 0);
+  uint64_t state = seed_ ^ SplitMix64(static_cast<uint64_t>(cycle_) + 1);
+  for (size_t i = order_.size(); i > 1; --i) {
+    state += 0x9E3779B97F4A7C15ULL;
+    std::swap(order_[i - 1], order_[UniformIndex(SplitMix64(state), i)]);
+  }
+  position_ = 0;
+}
+
+IndexSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
+  // The blocks holding at least one vector of the subscriber's partition
+  // (g mod world_size == rank).
+  IndexSet s(layout_.num_blocks);
+  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+    const int64_t first = layout_.first_vector(b);
+    const int64_t n = layout_.vectors(b);
+    const int64_t offset =
+        ((spec.rank - first) % spec.world_size + spec.world_size) %
+        spec.world_size;
+    if (offset < n) s.Set(b);
+  }
+  return s;
+}
+
+void SharedScan::Need(Subscriber& s, IndexSet blocks) {
+  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+    if (blocks.Has(b)) ++need_count_[static_cast<size_t>(b)];
+  }
+  total_need_ += blocks.count();
+  s.needed = std::move(blocks);
+}
+
+void SharedScan::Need(Subscriber& s, int64_t block) {
+  if (s.needed.Has(block)) return;
+  s.needed.Set(block);
+  ++need_count_[static_cast<size_t>(block)];
+  ++total_need_;
+}
+
+void SharedScan::Unneed(Subscriber& s, int64_t block) {
+  if (!s.needed.Has(block)) return;
+  s.needed.Clear(block);
+  --need_count_[static_cast<size_t>(block)];
+  --total_need_;
+}
+
+void SharedScan::DropNeeds(Subscriber& s) {
+  for (int64_t b = 0; b < layout_.num_blocks && s.needed.count() > 0; ++b) {
+    Unneed(s, b);
+  }
+}
+
+void SharedScan::Arm(Subscriber& s) {
+  if (s.spec.epochs != 0 && s.deliver_epoch + 1 >= s.spec.epochs) return;
+  ++s.deliver_epoch;
+  Need(s, s.base);
+}
+
+bool SharedScan::Enqueue(Subscriber& s, uint64_t read_id, int64_t block,
+                         BlockRef data) {
+  const bool beyond_lag =
+      static_cast<int64_t>(s.queue.size()) >= options_.lag_blocks;
+  if (beyond_lag) {
+    if (!reservoir_->TryTakeOverflow()) return false;
+    ++s.overflow;
+  }
+  Unneed(s, block);
+  s.queue.push_back({read_id, block, s.deliver_epoch, std::move(data)});
+  ++s.delivered;
+  // Blocks issued later may already be the next epoch's for the others.
+  if (s.needed.count() == 0) Arm(s);
+  return true;
+}
+
+void SharedScan::Settle(Subscriber& s) {
+  const int64_t beyond = std::max<int64_t>(
+      0, static_cast<int64_t>(s.queue.size()) - options_.lag_blocks);
+  if (s.overflow > beyond) {
+    reservoir_->ReturnOverflow(s.overflow - beyond);
+    s.overflow = beyond;
+  }
+}
+
+bool SharedScan::Starving(const Subscriber& s) const {
+  // Its client is blocked waiting for a block that has not been read: the
+  // only case in which waiting for a laggard holds someone back.
+  return s.error.ok() && s.waker != nullptr && s.queue.empty() &&
+         s.needed.count() > 0;
+}
+
+void SharedScan::Wake(Subscriber& s) {
+  if (s.waker) {
+    std::function<void()> w = std::move(s.waker);
+    s.waker = nullptr;
+    w();
+  }
+}
+
+uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
+  uint64_t id;
+  {
+    MutexLock lock(&mu_);
+    id = next_id_++;
+    Subscriber& s = subs_[id];
+    if (spec.world_size < 1) spec.world_size = 1;
+    s.base = BaseSet(spec);
+    s.deliver_epoch = spec.epoch;
+    IndexSet needed = s.base;
+    if (spec.needed.has_value()) {
+      needed = IndexSet(layout_.num_blocks);
+      for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+        if (spec.needed->Has(b) && s.base.Has(b)) needed.Set(b);
+      }
+    }
+    s.spec = std::move(spec);
+    s.spec.needed.reset();
+    Need(s, std::move(needed));
+    if (s.needed.count() == 0) Arm(s);
+    ClaimResident(s);
+  }
+  wake_reads_();
+  return id;
+}
+
+void SharedScan::ClaimResident(Subscriber& s) {
+  for (auto it = resident_.begin(); it != resident_.end();) {
+    const bool reading = pending_.count(it->first) != 0;
+    // A block being read exists already but must not be handed out before
+    // ReadDone: queue it as pending, like the subscribers it was issued for.
+    std::shared_ptr<Block> data = reading ? nullptr : it->second.data.lock();
+    if (!reading && data == nullptr) {
+      it = resident_.erase(it);  // nobody holds it any more
+      continue;
+    }
+    if (s.needed.Has(it->second.block)) {
+      Enqueue(s, it->first, it->second.block, std::move(data));
+    }
+    ++it;
+  }
+}
+
+void SharedScan::Unsubscribe(uint64_t id) {
+  {
+    MutexLock lock(&mu_);
+    auto it = subs_.find(id);
+    if (it == subs_.end()) return;
+    LogInfo("scan of ", dataset_, ": client ", it->second.spec.peer,
+            " left (epoch ", it->second.deliver_epoch, ", ",
+            it->second.delivered, " blocks delivered, ", it->second.skipped,
+            " deferred by the lag bound); scan has read ", blocks_read_,
+            " blocks, ", bytes_read_, " bytes");
+    DropNeeds(it->second);
+    it->second.queue.clear();
+    Settle(it->second);
+    subs_.erase(it);  // drops its queued blocks
+  }
+  wake_reads_();
+}
+
+int64_t SharedScan::subscribers() const {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(subs_.size());
+}
+
+absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
+                                           std::function<void()> waker) {
+  Take t;
+  {
+    MutexLock lock(&mu_);
+    auto it = subs_.find(id);
+    if (it == subs_.end()) {
+      return absl::InternalError("stream is not subscribed to its scan");
+    }
+    Subscriber& s = it->second;
+    if (!s.error.ok()) return s.error;
+    s.waker = nullptr;
+    if (!s.queue.empty() && s.queue.front().epoch < epoch) {
+      return absl::InternalError(
+          "stream moved past an epoch with blocks queued");
+    }
+    if (!s.queue.empty() && s.queue.front().epoch == epoch &&
+        s.queue.front().data != nullptr) {
+      t.kind = Take::kBlock;  // the queue has room again: wake the engine
+      t.block = std::move(s.queue.front().data);
+      s.queue.pop_front();
+      Settle(s);
+    } else if ((s.queue.empty() || s.queue.front().epoch > epoch) &&
+               (s.deliver_epoch > epoch || s.needed.count() == 0)) {
+      t.kind = Take::kDelivered;
+      return t;
+    } else {
+      // Being read, or not read yet. Waiting may make this subscriber
+      // starving, which the engine must know to skip a laggard.
+      s.waker = std::move(waker);
+    }
+  }
+  wake_reads_();
+  return t;
+}
+
+IndexSet SharedScan::Untaken(uint64_t id, int64_t epoch) const {
+  MutexLock lock(&mu_);
+  IndexSet out(layout_.num_blocks);
+  auto it = subs_.find(id);
+  if (it == subs_.end()) return out;
+  const Subscriber& s = it->second;
+  if (s.deliver_epoch == epoch) out = s.needed;
+  for (const Queued& q : s.queue) {
+    if (q.epoch == epoch) out.Set(q.block);
+  }
+  return out;
+}
+
+int64_t SharedScan::ReclaimOverflow(int64_t n) {
+  int64_t given = 0;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, s] : subs_) {
+      while (given < n && s.overflow > 0 && !s.queue.empty() &&
+             s.queue.back().epoch == s.deliver_epoch) {
+        Need(s, s.queue.back().block);
+        s.queue.pop_back();
+        Settle(s);  // gives back exactly the unit this entry borrowed
+        ++s.skipped;
+        ++given;
+      }
+    }
+  }
+  if (given > 0) wake_reads_();
+  return given;
+}
+
+void SharedScan::AddDelivered(uint64_t id, uint64_t bytes) {
+  MutexLock lock(&mu_);
+  auto it = subs_.find(id);
+  if (it != subs_.end()) it->second.bytes += bytes;
+}
+
+std::unique_ptr<BlockRead> SharedScan::NextRead() {
+  if (Clock::now() < start_at_) return nullptr;  // the engine retries then
+  MutexLock lock(&mu_);
+  if (subs_.empty()) return nullptr;
+  const size_t lag = static_cast<size_t>(options_.lag_blocks);
+  // Bounded: a starving subscriber needs some block, which it can take, so
+  // one full cycle always finds a block to read or a reason to wait.
+  for (int64_t steps = 0; steps <= 2 * layout_.num_blocks + 1; ++steps) {
+    if (total_need_ == 0) return nullptr;
+    if (position_ >= layout_.num_blocks) {
+      ++cycle_;
+      NewCycle();
+    }
+    const int64_t b = order_[static_cast<size_t>(position_)];
+    if (need_count_[static_cast<size_t>(b)] == 0) {
+      ++position_;
+      continue;
+    }
+    bool any_room = false;
+    int64_t full = 0;  // needers a full lag bound behind
+    for (const auto& [id, s] : subs_) {
+      if (!s.needed.Has(b)) continue;
+      const bool room = s.queue.size() < lag;
+      any_room = any_room || room;
+      if (!room) ++full;
+    }
+    // Full needers may still take it with spare reservoir memory.
+    const bool all_room = full == 0 || reservoir_->overflow_available() >= full;
+    if (!all_room) {
+      // Someone who needs this block is a full lag bound behind. Wait for
+      // it, unless another subscriber is starving: then leave the laggard
+      // to a later cycle.
+      bool starving = false;
+      for (const auto& [id, s] : subs_) starving = starving || Starving(s);
+      if (!starving) return nullptr;
+      if (!any_room) {
+        for (auto& [id, s] : subs_) {
+          if (s.needed.Has(b)) ++s.skipped;
+        }
+        ++position_;
+        continue;
+      }
+    }
+    const std::optional<int32_t> slot = reservoir_->TryAcquire();
+    if (!slot.has_value()) return nullptr;  // a release wakes the engine
+    std::shared_ptr<Block> block;
+    absl::StatusOr<std::unique_ptr<BlockRead>> made =
+        MakeRead(b, *slot, &block);
+    if (!made.ok()) {  // a block outside the dataset: a layout bug
+      LogError("scan of ", dataset_, ": block ", b, ": ",
+               made.status().ToString());
+      return nullptr;  // `block` returns the slot
+    }
+    std::unique_ptr<BlockRead> read = std::move(*made);
+    ++position_;
+    const uint64_t read_id = next_read_id_++;
+    read->tag = read_id;
+    if (static_cast<int64_t>(resident_.size()) > 2 * reservoir_->num_slots()) {
+      for (auto it = resident_.begin(); it != resident_.end();) {
+        it = it->second.data.expired() && pending_.count(it->first) == 0
+                 ? resident_.erase(it)
+                 : std::next(it);
+      }
+    }
+    resident_[read_id] = {b, block};
+    pending_[read_id] = std::move(block);
+    for (auto& [id, s] : subs_) {
+      if (s.needed.Has(b) && !Enqueue(s, read_id, b, nullptr)) ++s.skipped;
+    }
+    return read;
+  }
+  LogError("scan of ", dataset_, ": no block to read although ", total_need_,
+           " are needed (bug); waiting");
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
+    int64_t b, int32_t slot, std::shared_ptr<Block>* out) const {
+  const DatasetDesc& d = reader_->desc();
+  const Selection& sel = layout_.sel;
+  auto block = std::make_shared<Block>();
+  block->id = b;
+  block->first_vector = layout_.first_vector(b);
+  block->vectors = layout_.vectors(b);
+  block->data = reservoir_->slot_data(slot);
+  block->reservoir = reservoir_;
+  block->slot = slot;
+  *out = block;  // owns the slot from here on, also on error
+  auto read = std::make_unique<BlockRead>();
+  read->slot = slot;
+  const uint64_t vb = layout_.vector_bytes;
+  const int64_t k = sel.vectors_per_row;
+  const int64_t g0 = block->first_vector, g1 = g0 + block->vectors;
+  int64_t first_example = -1, last_example = -1;
+  for (int64_t g = g0; g < g1;) {
+    const int64_t row = g / k;
+    const int64_t j0 = g % k;
+    const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
+    const int64_t example = sel.example_of(row);
+    if (first_example < 0) first_example = example;
+    last_example = example;
+    ASSIGN_OR_RETURN(VectorLocation loc, sel.Locate(d, row, j0));
+    ReadOp r;
+    r.fd = fds_[static_cast<size_t>(loc.shard)].get();
+    r.offset = loc.offset;
+    r.length = static_cast<size_t>(j1 - j0) * vb;
+    r.dest = block->data + static_cast<size_t>(g - g0) * vb;
+    r.path = &reader_->shard_path(loc.shard);
+    ReadOp* prev = read->ranges.empty() ? nullptr : &read->ranges.back();
+    if (prev != nullptr && prev->fd == r.fd &&
+        prev->offset + prev->length == r.offset &&
+        static_cast<char*>(prev->dest) + prev->length == r.dest) {
+      prev->length += r.length;  // adjacent on disk and in the slot
+    } else {
+      read->ranges.push_back(r);
+    }
+    g += j1 - j0;
+  }
+  if (reader_->info().has_labels && first_example >= 0) {
+    const uint64_t c = static_cast<uint64_t>(d.content_tokens);
+    block->first_example = first_example;
+    block->labels.resize(static_cast<size_t>(last_example - first_example + 1) *
+                         c);
+    if (!block->labels.empty()) {
+      ReadOp r;
+      r.fd = reader_->labels_fd();
+      r.offset = static_cast<uint64_t>(first_example) * c;
+      r.length = block->labels.size();
+      r.dest = block->labels.data();
+      r.path = &labels_path_;
+      read->ranges.push_back(r);
+    }
+  }
+  return read;
+}
+
+void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,
+                          absl::Status status) {
+  std::shared_ptr<Block> block;  // released after the lock, if unclaimed
+  MutexLock lock(&mu_);
+  auto it = pending_.find(read->tag);
+  if (it == pending_.end()) return;
+  block = std::move(it->second);
+  pending_.erase(it);
+  if (status.ok()) {
+    ++blocks_read_;
+    bytes_read_ += read->bytes;
+  } else {
+    LogWarning("scan of ", dataset_, ": block ", block->id,
+               " failed: ", status.ToString());
+  }
+  for (auto& [id, s] : subs_) {
+    for (Queued& q : s.queue) {
+      if (q.read_id != read->tag) continue;
+      if (status.ok()) {
+        q.data = block;
+      } else if (s.error.ok()) {
+        s.error = status;
+      }
+    }
+    if (!s.error.ok()) {
+      DropNeeds(s);
+      s.queue.clear();
+      Settle(s);
+      Wake(s);
+    } else if (!s.queue.empty() && s.queue.front().data != nullptr) {
+      Wake(s);
+    }
+  }
+}
+
+ScanStatus SharedScan::Status() const {
+  MutexLock lock(&mu_);
+  ScanStatus st;
+  st.dataset = dataset_;
+  st.selection = selection_name_;
+  st.num_blocks = layout_.num_blocks;
+  st.cycle = cycle_;
+  st.position = position_;
+  st.blocks_read = blocks_read_;
+  st.bytes_read = bytes_read_;
+  for (const auto& [id, s] : subs_) {
+    SubscriberStatus ss;
+    ss.id = id;
+    ss.peer = s.spec.peer;
+    ss.rank = s.spec.rank;
+    ss.world_size = s.spec.world_size;
+    ss.epoch = s.deliver_epoch;
+    ss.queued = static_cast<int64_t>(s.queue.size());
+    ss.blocks_needed = s.needed.count();
+    ss.blocks_delivered = s.delivered;
+    ss.blocks_skipped = s.skipped;
+    ss.bytes_delivered = s.bytes;
+    st.subscribers.push_back(std::move(ss));
+  }
+  return st;
+}
+
+// ------------------------------------------------------------ ScanRegistry
+
+absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
+    Options options) {
+  std::unique_ptr<ScanRegistry> r(new ScanRegistry(options.scans));
+  ASSIGN_OR_RETURN(r->reservoir_, Reservoir::Create(options.reservoir));
+  options.reads.register_buffers = options.scans.direct_io;
+  ASSIGN_OR_RETURN(r->engine_,
+                   ReadEngine::Start(options.reads, r->reservoir_.get()));
+  ReadEngine* engine = r->engine_.get();
+  r->reservoir_->SetReleaseListener([engine] { engine->Wake(); });
+  return r;
+}
+
+ScanRegistry::~ScanRegistry() {
+  engine_.reset();  // before the reservoir its reads land in
+}
+
+ScanRegistry::Subscription::~Subscription() {
+  if (registry_ != nullptr) registry_->Leave(this);
+}
+
+absl::StatusOr<BlockLayout> ScanRegistry::Layout(const DatasetDesc& d,
+                                                 const StreamSpec& spec) const {
+  ASSIGN_OR_RETURN(Selection sel, Selection::Create(d, spec));
+  return BlockLayout::Make(d, sel, reservoir_->slot_bytes());
+}
+
+absl::StatusOr<std::unique_ptr<ScanRegistry::Subscription>>
+ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
+                        const std::string& dataset, const StreamSpec& spec,
+                        uint64_t seed, SubscriberSpec sub) {
+  ASSIGN_OR_RETURN(BlockLayout layout, Layout(reader->desc(), spec));
+  const int64_t slots = options_.window_blocks + options_.lag_blocks;
+  RETURN_IF_ERROR(reservoir_->Reserve(
+      slots, absl::StrCat("shuffle window ", options_.window_blocks,
+                          " + lag bound ", options_.lag_blocks)));
+  auto subscription = std::make_unique<Subscription>();
+  const std::string key =
+      absl::StrCat(reinterpret_cast<uintptr_t>(reader.get()), "|",
+                   spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all",
+                   "|", static_cast<int>(spec.tokens));
+  MutexLock lock(&mu_);
+  auto it = scans_.find(key);
+  if (it == scans_.end()) {
+    // O_DIRECT needs every offset, length and buffer 4 KiB-aligned: true
+    // when a vector is a multiple of 4 KiB and so is a slot.
+    bool direct = options_.direct_io && layout.vector_bytes % 4096 == 0 &&
+                  reservoir_->slot_bytes() % 4096 == 0;
+    if (options_.direct_io && !direct) {
+      LogInfo("scan of ", dataset, ": reading without O_DIRECT (vectors of ",
+              layout.vector_bytes, " bytes or blocks of ",
+              reservoir_->slot_bytes(), " bytes are not 4 KiB multiples)");
+    }
+    // The scan's own descriptors of the same inodes (via /proc/self/fd, so
+    // a file replaced on disk since the catalog opened it is not picked up):
+    // its hints and O_DIRECT do not touch the query path's descriptors.
+    const DatasetReader& r = *reader;
+    auto open_shards =
+        [&r](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
+      std::vector<UniqueFd> fds;
+      for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
+        if (r.shard_fd(s) < 0) {
+          fds.emplace_back();
+          continue;
+        }
+        auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
+                           O_RDONLY | (o_direct ? O_DIRECT : 0));
+        if (!fd.ok()) return Annotate(fd.status(), r.shard_path(s));
+        if (!o_direct) ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+        fds.push_back(std::move(*fd));
+      }
+      return fds;
+    };
+    absl::StatusOr<std::vector<UniqueFd>> fds = open_shards(direct);
+    if (direct && !fds.ok() &&
+        fds.status().code() == absl::StatusCode::kInvalidArgument) {
+      // EINVAL: this filesystem does not do O_DIRECT (tmpfs, some FUSE).
+      LogWarning("scan of ", dataset, ": O_DIRECT refused (",
+                 fds.status().message(), "); reading through the page cache");
+      direct = false;
+      fds = open_shards(false);
+    }
+    if (!fds.ok()) {
+      reservoir_->Unreserve(slots);
+      return fds.status();
+    }
+    ReadEngine* engine = engine_.get();
+    auto scan = std::make_shared<SharedScan>(
+        std::move(reader), dataset, std::move(layout), options_,
+        reservoir_.get(), [engine] { engine->Wake(); }, std::move(*fds), seed,
+        sub.epoch);
+    it = scans_.emplace(key, scan).first;
+    engine_->Add(scan);
+    LogInfo("scan of ", dataset, " (", scan->selection_name(),
+            ") started: ", scan->layout().num_blocks, " blocks of ",
+            scan->layout().vectors_per_block, " vectors",
+            direct ? ", O_DIRECT" : "");
+  }
+  subscription->registry_ = this;
+  subscription->scan_ = it->second;
+  subscription->id_ = it->second->Subscribe(std::move(sub));
+  // The new reservation may need memory that laggards borrowed beyond their
+  // lag bounds: take it back.
+  int64_t excess = reservoir_->overflow_excess();
+  for (auto& [key, scan] : scans_) {
+    if (excess <= 0) break;
+    excess -= scan->ReclaimOverflow(excess);
+  }
+  return subscription;
+}
+
+void ScanRegistry::Leave(Subscription* s) {
+  {
+    MutexLock lock(&mu_);
+    s->scan_->Unsubscribe(s->id_);
+    if (s->scan_->subscribers() == 0) {
+      for (auto it = scans_.begin(); it != scans_.end(); ++it) {
+        if (it->second == s->scan_) {
+          engine_->Remove(it->second.get());
+          LogInfo("scan of ", it->second->dataset(), " ended: no clients left");
+          scans_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+  reservoir_->Unreserve(options_.window_blocks + options_.lag_blocks);
+}
+
+std::vector<ScanStatus> ScanRegistry::Status() const {
+  std::vector<std::shared_ptr<SharedScan>> scans;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, scan] : scans_) scans.push_back(scan);
+  }
+  std::vector<ScanStatus> out;
+  for (const auto& scan : scans) out.push_back(scan->Status());
+  return out;
+}
+
+}  // namespace shardcast

@@ -1,0 +1,335 @@
+// The shared scan: one disk pass over a dataset selection that feeds every
+// shuffled stream of that selection at once (README.md, "Architecture").
+//
+// Layout. The selected vectors are numbered in disk order, g = row * k + j
+// (a row is one layer of one example, k the selected tokens of a row). The
+// numbering is cut into blocks of `vectors_per_block` consecutive vectors,
+// one reservoir slot each; a block is read with a few large reads (one per
+// row it touches, merged when rows are adjacent on disk).
+//
+// Scan order. The scan visits blocks in a seeded permutation per cycle; a
+// block is read when at least one subscriber still needs it in the epoch it
+// is being fed, and goes to every subscriber that needs it. Each subscriber
+// (a client stream) keeps a bitmap of the blocks it still needs, so a late
+// joiner simply needs everything and gets what it missed on the next cycle.
+// When a subscriber has been handed every block of its epoch it immediately
+// needs all of them again for its next epoch, so clients that run together
+// stay together across epochs.
+//
+// Memory and lag. Delivered blocks wait in a subscriber's queue (FIFO, in
+// scan order) until the client moves them into its shuffle window. Every
+// stream reserves window + lag_blocks slots in the reservoir, so slots never
+// run out: a queue may always hold `lag_blocks`, and more while the
+// reservoir has slots nobody reserved (overflow). A subscriber whose queue
+// is full and can get no overflow while another one is starving (blocked,
+// waiting for a block not read yet) is skipped for that block and gets it on
+// a later cycle; otherwise the scan waits for it. So clients that keep up
+// with each other (within the lag bound plus spare memory) never cost a
+// second read, and a slow client holds back the others by at most that.
+//
+// Clients launched together (trainers of one job, ranks of one node) reach
+// the daemon some milliseconds apart; a new scan waits `start_delay` before
+// its first read so that they all join it before any block is consumed.
+//
+// Determinism. A client alone on a scan gets blocks in the order of the
+// permutation of (its seed, its epoch) (the scan takes the first client's
+// seed and epoch as its own), and it draws only when its window is full, so
+// its batches do not depend on timing.
+//
+// Threads: NextRead/ReadDone run on the read engine's thread; Take and the
+// other subscriber calls on the clients' worker threads. One mutex guards
+// the scan; wakers are called with it held (they only schedule work). The
+// scan tells the engine that it may have a read through a plain function, so
+// tests can drive NextRead/ReadDone by hand (scan_test.cc).
+#ifndef SHARDCAST_SERVER_ENGINE_SCAN_H_
+#define SHARDCAST_SERVER_ENGINE_SCAN_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "common/reader.h"
+#include "server/engine/engine_status.h"
+#include "server/engine/index_set.h"
+#include "server/engine/read_engine.h"
+#include "server/engine/reservoir.h"
+#include "server/engine/selection.h"
+
+namespace shardcast {
+
+/// The selection cut into blocks of consecutive vectors.
+struct BlockLayout {
+  Selection sel;
+  uint64_t vector_bytes = 0;
+  int64_t vectors_per_block = 0;
+  int64_t num_blocks = 0;
+
+  /// INVALID_ARGUMENT when one vector does not fit in a block.
+  static absl::StatusOr<BlockLayout> Make(const DatasetDesc& d,
+                                          const Selection& sel,
+                                          uint64_t block_bytes);
+  int64_t first_vector(int64_t b) const { return b * vectors_per_block; }
+  int64_t vectors(int64_t b) const {
+    return std::min(vectors_per_block, sel.num_vectors() - first_vector(b));
+  }
+};
+
+/// A block in the reservoir: immutable once read. Returns its slot to the
+/// reservoir when the last reference goes.
+struct Block {
+  int64_t id = -1;
+  int64_t first_vector = 0;
+  int64_t vectors = 0;
+  char* data = nullptr;  // vectors * vector_bytes
+  /// Content-token labels of examples [first_example, ...), when present.
+  int64_t first_example = 0;
+  std::string labels;
+  Reservoir* reservoir = nullptr;
+  int32_t slot = -1;
+  ~Block();
+  /// labels.bin value of content token `content` of `example` (an example
+  /// the block's vectors belong to; needs labels).
+  uint8_t Label(int64_t example, int64_t content,
+                int64_t content_tokens) const {
+    return static_cast<uint8_t>(labels[static_cast<size_t>(
+        (example - first_example) * content_tokens + content)]);
+  }
+};
+using BlockRef = std::shared_ptr<const Block>;
+
+struct ScanOptions {
+  int64_t window_blocks = 16;  // a client's shuffle window
+  int64_t lag_blocks = 32;     // a client's queue bound
+  bool direct_io = false;      // O_DIRECT reads when the layout is aligned
+  /// A new scan waits this long before its first read, so that clients
+  /// launched together all join before any block is consumed.
+  std::chrono::milliseconds start_delay{0};
+};
+
+/// What a subscriber asks of its scan.
+struct SubscriberSpec {
+  std::string peer;  // for status and logs
+  int64_t rank = 0, world_size = 1;
+  int64_t epoch = 0;   // first epoch fed
+  int64_t epochs = 0;  // 0 = endless
+  /// Blocks still needed in `epoch` (a resume token's); empty = all.
+  std::optional<IndexSet> needed;
+};
+
+/// What a client gets when it asks its subscription for the next block.
+struct Take {
+  enum Kind {
+    kBlock,      // `block` is the next block of the epoch
+    kWait,       // the next block is not read yet: the waker will be called
+    kDelivered,  // every block of the epoch has been handed over
+  };
+  Kind kind = kWait;
+  BlockRef block;
+};
+
+/// One shared scan. Created and owned by ScanRegistry; thread-safe.
+class SharedScan final : public BlockSource,
+                         public std::enable_shared_from_this<SharedScan> {
+ public:
+  /// A scan of `layout` reading `reader`'s shards through `fds` (its own
+  /// descriptors, index = shard) into `reservoir` slots. `wake_reads` is
+  /// called (any thread, possibly with the scan's lock held) whenever the
+  /// scan may have a read to hand out: ReadEngine::Wake in the daemon. The
+  /// first cycle's permutation is a function of (`seed`, `first_cycle`).
+  SharedScan(std::shared_ptr<const DatasetReader> reader, std::string dataset,
+             BlockLayout layout, ScanOptions options, Reservoir* reservoir,
+             std::function<void()> wake_reads, std::vector<UniqueFd> fds,
+             uint64_t seed, int64_t first_cycle);
+  ~SharedScan() override;
+
+  const BlockLayout& layout() const { return layout_; }
+  const DatasetReader& reader() const { return *reader_; }
+  const std::string& dataset() const { return dataset_; }
+  /// "layer 12, content tokens", for status pages and logs.
+  const std::string& selection_name() const { return selection_name_; }
+
+  /// Adds a subscriber; returns its id.
+  uint64_t Subscribe(SubscriberSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Removes a subscriber and lets go of its queued blocks. Once it returns,
+  /// its waker is never called again.
+  void Unsubscribe(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Number of subscribers.
+  int64_t subscribers() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// The next block of `epoch` for subscriber `id`, in scan order. On kWait,
+  /// `waker` is kept and called once (with the scan's lock held) when that
+  /// may have changed. A read error of a block the subscriber was waiting
+  /// for is returned (DATA_LOSS naming the file).
+  absl::StatusOr<Take> TakeBlock(uint64_t id, int64_t epoch,
+                                 std::function<void()> waker)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Blocks of `epoch` not yet taken by `id` (still needed or queued).
+  IndexSet Untaken(uint64_t id, int64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Gives back up to `n` reservoir overflow units by dropping the newest
+  /// queued blocks beyond subscribers' lag bounds (they become needed again,
+  /// as if deferred). Returns how many were given back.
+  int64_t ReclaimOverflow(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Adds to the subscriber's delivered-bytes figure.
+  void AddDelivered(uint64_t id, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  ScanStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // BlockSource (read engine thread).
+  Clock::time_point ReadyAt() const override { return start_at_; }
+  std::unique_ptr<BlockRead> NextRead() override ABSL_LOCKS_EXCLUDED(mu_);
+  void ReadDone(std::unique_ptr<BlockRead> read, absl::Status status) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Queued {
+    uint64_t read_id;
+    int64_t block;
+    int64_t epoch;
+    BlockRef data;  // set when read
+  };
+  struct Subscriber {
+    SubscriberSpec spec;
+    IndexSet base;    // blocks with vectors of its partition
+    IndexSet needed;  // for deliver_epoch
+    int64_t deliver_epoch = 0;
+    std::deque<Queued> queue;
+    std::function<void()> waker;
+    absl::Status error;
+    int64_t overflow = 0;  // reservoir overflow units held (queue beyond lag)
+    uint64_t delivered = 0, skipped = 0, bytes = 0;
+  };
+  void NewCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  IndexSet BaseSet(const SubscriberSpec& spec) const;
+  /// Makes `s` need `blocks` (replacing what it needed).
+  void Need(Subscriber& s, IndexSet blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Feeds `s` its next epoch, if it has one.
+  void Arm(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Adds or removes one block of what `s` needs.
+  void Need(Subscriber& s, int64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unneed(Subscriber& s, int64_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Hands `s` the block of read `read_id` (data null while it is being
+  /// read) if its queue has room or it can borrow overflow: it no longer
+  /// needs the block and moves to its next epoch when that was the last.
+  /// False (nothing changed) otherwise.
+  bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Returns overflow units `s` no longer needs (its queue shrank).
+  void Settle(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Queues for `s` the resident blocks it needs, in issue order.
+  void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Wake(Subscriber& s);
+  absl::StatusOr<std::unique_ptr<BlockRead>> MakeRead(
+      int64_t block, int32_t slot, std::shared_ptr<Block>* out) const;
+
+  const std::shared_ptr<const DatasetReader> reader_;
+  const std::string dataset_;
+  const BlockLayout layout_;
+  const ScanOptions options_;
+  Reservoir* const reservoir_;
+  const std::function<void()> wake_reads_;
+  const std::vector<UniqueFd> fds_;  // the scan's own shard descriptors
+  const uint64_t seed_;
+  const std::string selection_name_;
+  const std::string labels_path_;
+  const Clock::time_point start_at_;  // no reads before (gathering clients)
+
+  mutable Mutex mu_;
+  std::map<uint64_t, Subscriber> subs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<int32_t> need_count_ ABSL_GUARDED_BY(mu_);  // per block
+  int64_t total_need_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> order_ ABSL_GUARDED_BY(mu_);  // this cycle's permutation
+  int64_t cycle_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t position_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_read_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<Block>> pending_ ABSL_GUARDED_BY(mu_);
+  /// Blocks read (or being read) that someone may still hold, by read id
+  /// (= issue order): a joining subscriber takes these first, for free.
+  struct Resident {
+    int64_t block;
+    std::weak_ptr<Block> data;
+  };
+  std::map<uint64_t, Resident> resident_ ABSL_GUARDED_BY(mu_);
+  uint64_t blocks_read_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+/// All shared scans of a daemon, keyed by (dataset, selection). Subscribing
+/// joins the scan of that selection or starts one; the last subscriber to
+/// leave ends it. Thread-safe.
+class ScanRegistry {
+ public:
+  struct Options {
+    ReservoirOptions reservoir;
+    ReadEngineOptions reads;
+    ScanOptions scans;
+  };
+  /// Makes the reservoir and starts the read engine the scans share (woken
+  /// whenever a slot is released). Errors of Reservoir::Create and
+  /// ReadEngine::Start. `options.reads.register_buffers` follows
+  /// `options.scans.direct_io`.
+  static absl::StatusOr<std::unique_ptr<ScanRegistry>> Start(Options options);
+  /// Every subscription must be gone. Stops the engine (reads in flight
+  /// complete first), then frees the reservoir.
+  ~ScanRegistry();
+
+  /// A subscription: the scan and the subscriber id. Leaving (destruction)
+  /// unsubscribes and returns the reservation.
+  class Subscription {
+   public:
+    ~Subscription();
+    SharedScan* scan() const { return scan_.get(); }
+    uint64_t id() const { return id_; }
+
+   private:
+    friend class ScanRegistry;
+    ScanRegistry* registry_ = nullptr;
+    std::shared_ptr<SharedScan> scan_;
+    uint64_t id_ = 0;
+  };
+
+  /// Joins (or starts) the scan of `spec`'s selection. `seed` and
+  /// `sub.epoch` set a new scan's permutation. RESOURCE_EXHAUSTED when the
+  /// reservoir cannot reserve window + lag blocks; INVALID_ARGUMENT for a
+  /// bad selection; errno codes when a shard cannot be reopened.
+  absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(
+      std::shared_ptr<const DatasetReader> reader, const std::string& dataset,
+      const StreamSpec& spec, uint64_t seed, SubscriberSpec sub)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  /// The layout a stream of `spec` gets (for validating resume tokens
+  /// before subscribing).
+  absl::StatusOr<BlockLayout> Layout(const DatasetDesc& d,
+                                     const StreamSpec& spec) const;
+
+  const ScanOptions& options() const { return options_; }
+  Reservoir* reservoir() const { return reservoir_.get(); }
+  ReadEngine* engine() const { return engine_.get(); }
+  std::vector<ScanStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit ScanRegistry(ScanOptions options) : options_(options) {}
+  void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The engine stops before the reservoir its reads land in goes away.
+  std::unique_ptr<Reservoir> reservoir_;
+  std::unique_ptr<ReadEngine> engine_;
+  const ScanOptions options_;
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<SharedScan>> scans_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_ENGINE_SCAN_H_

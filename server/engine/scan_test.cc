@@ -1,0 +1,419 @@
+// The shared scan on its own: no read engine thread and no streams. The
+// test plays the read engine (NextRead, perform the ranges, ReadDone) and
+// the clients (Subscribe, TakeBlock, hold or drop blocks) step by step, so
+// every decision of the scan is observed deterministically. Block contents
+// are checked against the generator's formula at the protocol's offsets
+// (stream_test_util.h), never against the code under test.
+#include "server/engine/scan.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "common/file.h"
+#include "common/synth.h"
+#include "common/testing.h"
+#include "gtest/gtest.h"
+#include "server/engine/stream_test_util.h"
+#include "server/io/uring.h"
+
+namespace shardcast {
+namespace {
+
+using namespace stream_test;  // NOLINT: test constants and helpers
+
+// The selection: layer 6 (index 1), content tokens: 23 examples x 5 tokens
+// = 115 vectors of 16 bytes.
+constexpr int64_t kSelected = kN * kP;
+constexpr int64_t kLayerIndex = 1;
+
+class ScanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = WriteTestDataset(root_);
+    ASSERT_FALSE(dir.empty());
+    auto reader = DatasetReader::Open(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    reader_ = std::move(*reader);
+  }
+  void TearDown() override {
+    scans_.clear();  // before the reservoir their blocks belong to
+  }
+
+  // A reservoir of `slots` slots of `vectors_per_block` vectors each.
+  void MakeReservoir(int64_t vectors_per_block, int64_t slots) {
+    block_bytes_ = static_cast<uint64_t>(vectors_per_block) * kD * 4;
+    ReservoirOptions o;
+    o.slot_bytes = block_bytes_;
+    o.bytes = static_cast<uint64_t>(slots) * block_bytes_;
+    auto r = Reservoir::Create(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    reservoir_ = std::move(*r);
+    reservoir_->SetReleaseListener([this] { ++releases_; });
+  }
+
+  // A scan of layer 6's content tokens with its own shard descriptors.
+  std::shared_ptr<SharedScan> MakeScan(uint64_t seed, int64_t lag_blocks = 64,
+                                       int64_t first_cycle = 0) {
+    StreamSpec spec;
+    spec.layer = 6;
+    auto sel = Selection::Create(reader_->desc(), spec);
+    EXPECT_TRUE(sel.ok()) << sel.status();
+    auto layout = BlockLayout::Make(reader_->desc(), *sel, block_bytes_);
+    EXPECT_TRUE(layout.ok()) << layout.status();
+    std::vector<UniqueFd> fds;
+    for (int64_t s = 0; s < reader_->desc().num_data_shards(); ++s) {
+      auto fd = OpenFile(reader_->shard_path(s), O_RDONLY);
+      EXPECT_TRUE(fd.ok()) << fd.status();
+      fds.push_back(std::move(*fd));
+    }
+    ScanOptions options;
+    options.lag_blocks = lag_blocks;
+    auto scan = std::make_shared<SharedScan>(
+        reader_, "test", *layout, options, reservoir_.get(),
+        [this] { ++wakes_; }, std::move(fds), seed, first_cycle);
+    scans_.push_back(scan);
+    return scan;
+  }
+
+  static uint64_t Subscribe(SharedScan& scan, int64_t epochs = 1,
+                            int64_t rank = 0, int64_t world = 1,
+                            std::optional<IndexSet> needed = std::nullopt) {
+    SubscriberSpec s;
+    s.peer = "test";
+    s.rank = rank;
+    s.world_size = world;
+    s.epochs = epochs;
+    s.needed = std::move(needed);
+    return scan.Subscribe(std::move(s));
+  }
+
+  // Plays the read engine once: takes the scan's next read, performs its
+  // ranges and hands it back. False when the scan had nothing to read.
+  bool ServeOneRead(SharedScan& scan) {
+    std::unique_ptr<BlockRead> read = scan.NextRead();
+    if (read == nullptr) return false;
+    absl::Status st = UringReader::ThisThread().ReadAll(read->ranges);
+    for (const ReadOp& r : read->ranges) read->bytes += r.length;
+    ++reads_;
+    scan.ReadDone(std::move(read), st);
+    return true;
+  }
+
+  // Serves reads until the scan has none; returns how many it served.
+  int64_t ServeAll(SharedScan& scan) {
+    int64_t n = 0;
+    while (ServeOneRead(scan)) ++n;
+    return n;
+  }
+
+  // The next block of subscriber `id` in `epoch`, checked against the
+  // dataset; null when the scan answers otherwise (see `*kind`).
+  static BlockRef TakeNext(
+      SharedScan& scan, uint64_t id, int64_t epoch = 0,
+      Take::Kind* kind = nullptr, std::function<void()> waker = [] {}) {
+    auto t = scan.TakeBlock(id, epoch, std::move(waker));
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return nullptr;
+    if (kind != nullptr) *kind = t->kind;
+    if (t->kind != Take::kBlock) return nullptr;
+    ExpectHoldsItsVectors(*t->block);
+    return t->block;
+  }
+
+  // Every vector and label of a block equals the generator's value at the
+  // protocol offset of its (example, layer 6, content token).
+  static void ExpectHoldsItsVectors(const Block& b) {
+    const float* v = reinterpret_cast<const float*>(b.data);
+    for (int64_t i = 0; i < b.vectors; ++i) {
+      const int64_t g = b.first_vector + i;
+      const int64_t example = g / kP, content = g % kP;
+      for (int64_t k = 0; k < kD; ++k) {
+        const uint64_t index = static_cast<uint64_t>(
+            ((example * kL + kLayerIndex) * kT + 1 + content) * kD + k);
+        ASSERT_EQ(v[i * kD + k], SynthValue(kSeed, index))
+            << "block " << b.id << " vector " << i;
+      }
+      ASSERT_EQ(
+          b.Label(example, content, kP),
+          SynthLabel(kSeed, static_cast<uint64_t>(example * kP + content)))
+          << "block " << b.id << " vector " << i;
+    }
+  }
+
+  // The blocks `id` takes until the scan says `epoch` is delivered, reading
+  // whenever it waits; the blocks are dropped as they come.
+  std::vector<int64_t> TakeEpoch(SharedScan& scan, uint64_t id, int64_t epoch) {
+    std::vector<int64_t> order;
+    for (int guard = 0; guard < 10000; ++guard) {
+      Take::Kind kind;
+      BlockRef b = TakeNext(scan, id, epoch, &kind);
+      if (kind == Take::kDelivered) return order;
+      if (b != nullptr) {
+        order.push_back(b->id);
+        continue;
+      }
+      EXPECT_TRUE(ServeOneRead(scan)) << "the scan waits with nothing to read";
+    }
+    ADD_FAILURE() << "epoch " << epoch << " never ended";
+    return order;
+  }
+
+  SubscriberStatus StatusOf(const SharedScan& scan, uint64_t id) const {
+    for (const SubscriberStatus& s : scan.Status().subscribers) {
+      if (s.id == id) return s;
+    }
+    ADD_FAILURE() << "no subscriber " << id;
+    return {};
+  }
+
+  TempRoot tmp_;
+  const std::string root_ = tmp_.path();
+  std::shared_ptr<const DatasetReader> reader_;
+  uint64_t block_bytes_ = 0;
+  std::unique_ptr<Reservoir> reservoir_;
+  std::vector<std::shared_ptr<SharedScan>> scans_;
+  std::atomic<int64_t> wakes_{0};
+  std::atomic<int64_t> releases_{0};
+  int64_t reads_ = 0;
+};
+
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST_F(ScanTest, EachCycleReadsEveryBlockOnceInAPermutationOfItsSeed) {
+  MakeReservoir(/*vectors_per_block=*/8, /*slots=*/64);
+  auto scan = MakeScan(/*seed=*/5);
+  const int64_t n = scan->layout().num_blocks;
+  ASSERT_EQ(n, (kSelected + 7) / 8);
+  const uint64_t id = Subscribe(*scan, /*epochs=*/3);
+  std::vector<std::vector<int64_t>> cycles;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    cycles.push_back(TakeEpoch(*scan, id, epoch));
+    std::vector<int64_t> sorted = cycles.back();
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, Iota(n)) << "cycle " << epoch;
+  }
+  EXPECT_EQ(reads_, 3 * n) << "one read per block and cycle";
+  EXPECT_NE(cycles[0], cycles[1]);
+  EXPECT_NE(cycles[1], cycles[2]);
+  EXPECT_NE(cycles[0], Iota(n)) << "cycle 0 in disk order: not permuted";
+
+  // The same (seed, cycle) gives the same order; another seed another one.
+  auto again = MakeScan(5, 64, /*first_cycle=*/1);
+  const uint64_t a = Subscribe(*again);
+  EXPECT_EQ(TakeEpoch(*again, a, 0), cycles[1]);
+  auto other = MakeScan(6);
+  const uint64_t o = Subscribe(*other);
+  EXPECT_NE(TakeEpoch(*other, o, 0), cycles[0]);
+}
+
+TEST_F(ScanTest, OnlyBlocksHoldingTheSubscribersPartitionAreRead) {
+  // One vector per block: rank 1 of 3 owns vectors g = 1, 4, 7, ...
+  MakeReservoir(/*vectors_per_block=*/1, /*slots=*/200);
+  auto scan = MakeScan(1);
+  ASSERT_EQ(scan->layout().num_blocks, kSelected);
+  const uint64_t id = Subscribe(*scan, 1, /*rank=*/1, /*world=*/3);
+  std::set<int64_t> want;
+  for (int64_t g = 1; g < kSelected; g += 3) want.insert(g);
+  IndexSet untaken = scan->Untaken(id, 0);
+  std::set<int64_t> needed;
+  for (int64_t b = 0; b < untaken.size(); ++b) {
+    if (untaken.Has(b)) needed.insert(b);
+  }
+  EXPECT_EQ(needed, want);
+  const std::vector<int64_t> got = TakeEpoch(*scan, id, 0);
+  EXPECT_EQ(std::set<int64_t>(got.begin(), got.end()), want);
+  EXPECT_EQ(got.size(), want.size());
+  EXPECT_EQ(reads_, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(scan->Untaken(id, 0).count(), 0);
+  EXPECT_FALSE(ServeOneRead(*scan)) << "read a block nobody needs";
+}
+
+TEST_F(ScanTest, AResumedSubscriberNeedsOnlyWhatItsTokenLeft) {
+  MakeReservoir(8, 64);
+  auto scan = MakeScan(2);
+  const int64_t n = scan->layout().num_blocks;
+  IndexSet left(n);
+  for (int64_t b : {0, 3, 4, 11}) left.Set(b);
+  const uint64_t id = Subscribe(*scan, 2, 0, 1, left);
+  std::vector<int64_t> first = TakeEpoch(*scan, id, 0);
+  std::sort(first.begin(), first.end());
+  EXPECT_EQ(first, (std::vector<int64_t>{0, 3, 4, 11}));
+  // The next epoch needs everything again.
+  std::vector<int64_t> second = TakeEpoch(*scan, id, 1);
+  std::sort(second.begin(), second.end());
+  EXPECT_EQ(second, Iota(n));
+  EXPECT_EQ(reads_, 4 + n);
+}
+
+TEST_F(ScanTest, AJoinerTakesResidentBlocksWithoutReadingThemAgain) {
+  MakeReservoir(8, 64);
+  auto scan = MakeScan(3);
+  const int64_t n = scan->layout().num_blocks;
+  const uint64_t a = Subscribe(*scan);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(ServeOneRead(*scan));
+  // A holds three of them in its window; two wait in its queue.
+  std::vector<BlockRef> held;
+  for (int i = 0; i < 3; ++i) held.push_back(TakeNext(*scan, a));
+  ASSERT_EQ(held.size(), 3u);
+  const uint64_t b = Subscribe(*scan);
+  // B gets all five at once, in the order they were read, with no read.
+  std::vector<int64_t> claimed;
+  for (int i = 0; i < 5; ++i) {
+    BlockRef block = TakeNext(*scan, b);
+    ASSERT_NE(block, nullptr) << "resident block " << i << " not claimed";
+    claimed.push_back(block->id);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(claimed[i], held[i]->id);
+  EXPECT_EQ(reads_, 5);
+  held.clear();
+  // The rest of the cycle feeds both: one pass in all.
+  std::vector<int64_t> rest_a = TakeEpoch(*scan, a, 0);
+  std::vector<int64_t> rest_b = TakeEpoch(*scan, b, 0);
+  EXPECT_EQ(rest_a.size(), static_cast<size_t>(n - 3));
+  EXPECT_EQ(rest_b.size(), static_cast<size_t>(n - 5));
+  EXPECT_EQ(reads_, n);
+  EXPECT_EQ(scan->Status().blocks_read, static_cast<uint64_t>(n));
+}
+
+TEST_F(ScanTest, AJoinerGetsBlocksNobodyHoldsAnyMoreOnTheNextCycle) {
+  MakeReservoir(8, 64);
+  auto scan = MakeScan(4);
+  const int64_t n = scan->layout().num_blocks;
+  const uint64_t a = Subscribe(*scan);
+  std::set<int64_t> dropped;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(ServeOneRead(*scan));
+    BlockRef block = TakeNext(*scan, a);  // taken and let go at once
+    ASSERT_NE(block, nullptr);
+    dropped.insert(block->id);
+  }
+  const uint64_t b = Subscribe(*scan);
+  Take::Kind kind;
+  EXPECT_EQ(TakeNext(*scan, b, 0, &kind), nullptr);
+  EXPECT_EQ(kind, Take::kWait) << "a block nobody held was handed out";
+  TakeEpoch(*scan, a, 0);
+  const std::vector<int64_t> got = TakeEpoch(*scan, b, 0);
+  std::vector<int64_t> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, Iota(n));
+  // B's last blocks are the five A dropped, read again on the next cycle.
+  EXPECT_EQ(std::set<int64_t>(got.end() - 5, got.end()), dropped);
+  EXPECT_EQ(reads_, n + 5);
+  EXPECT_EQ(scan->Status().cycle, 1);
+}
+
+TEST_F(ScanTest, ALaggardIsDeferredOnlyWhileAnotherSubscriberStarves) {
+  MakeReservoir(8, 64);
+  // Every slot reserved: no spare memory to lend to a laggard.
+  ASSERT_TRUE(reservoir_->Reserve(64, "test").ok());
+  auto scan = MakeScan(6, /*lag_blocks=*/2);
+  const uint64_t fast = Subscribe(*scan);
+  const uint64_t slow = Subscribe(*scan);  // never takes a block
+  ASSERT_TRUE(ServeOneRead(*scan));
+  ASSERT_TRUE(ServeOneRead(*scan));
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 2);
+  // The slow one is a full lag bound behind; the fast one is not waiting:
+  // the scan waits for the slow one rather than read past it.
+  EXPECT_FALSE(ServeOneRead(*scan));
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 0u);
+  // Once the fast one has taken everything and waits (starves), the scan
+  // goes on without the slow one, which gets that block on a later cycle.
+  ASSERT_NE(TakeNext(*scan, fast), nullptr);
+  ASSERT_NE(TakeNext(*scan, fast), nullptr);
+  std::atomic<int> woken{0};
+  Take::Kind kind;
+  EXPECT_EQ(TakeNext(*scan, fast, 0, &kind, [&] { ++woken; }), nullptr);
+  ASSERT_EQ(kind, Take::kWait);
+  ASSERT_TRUE(ServeOneRead(*scan));
+  EXPECT_EQ(woken.load(), 1) << "the starving subscriber was not woken";
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 1u);
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 2);
+  BlockRef third = TakeNext(*scan, fast);
+  ASSERT_NE(third, nullptr);
+  EXPECT_TRUE(scan->Untaken(slow, 0).Has(third->id))
+      << "the deferred block is not still needed";
+  // Both finish the epoch exactly: the slow one's missing blocks come on
+  // the next cycle.
+  third.reset();
+  const int64_t n = scan->layout().num_blocks;
+  std::vector<int64_t> f = TakeEpoch(*scan, fast, 0);
+  std::vector<int64_t> s = TakeEpoch(*scan, slow, 0);
+  EXPECT_EQ(static_cast<int64_t>(f.size()), n - 3);
+  std::sort(s.begin(), s.end());
+  EXPECT_EQ(s, Iota(n));
+  reservoir_->Unreserve(64);
+}
+
+TEST_F(ScanTest, LaggardsBorrowSpareMemoryAndGiveItBackWhenAsked) {
+  MakeReservoir(8, 64);  // nothing reserved: all 64 slots are spare
+  auto scan = MakeScan(7, /*lag_blocks=*/2);
+  const uint64_t fast = Subscribe(*scan);
+  const uint64_t slow = Subscribe(*scan);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(ServeOneRead(*scan));
+    ASSERT_NE(TakeNext(*scan, fast), nullptr);
+  }
+  // The slow one fell 6 behind, 4 beyond its lag bound, on borrowed slots,
+  // and was never skipped.
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 6);
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 0u);
+  EXPECT_EQ(reservoir_->overflow_taken(), 4);
+  EXPECT_EQ(reservoir_->slots_in_use(), 6);
+  // Taking memory back drops the newest blocks beyond the bound: they are
+  // needed again (as if deferred) and their slots are free.
+  EXPECT_EQ(scan->ReclaimOverflow(3), 3);
+  EXPECT_EQ(reservoir_->overflow_taken(), 1);
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 3);
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 3u);
+  EXPECT_EQ(reservoir_->slots_in_use(), 3);
+  EXPECT_EQ(scan->Untaken(slow, 0).count(), scan->layout().num_blocks);
+  // Taking from the queue returns what is no longer beyond the bound.
+  ASSERT_NE(TakeNext(*scan, slow), nullptr);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0);
+  std::vector<int64_t> s = TakeEpoch(*scan, slow, 0);
+  EXPECT_EQ(static_cast<int64_t>(s.size()) + 1, scan->layout().num_blocks);
+}
+
+TEST_F(ScanTest, LeavingReleasesQueuedBlocksAndWhatOnlyTheLeaverNeeded) {
+  MakeReservoir(8, 64);
+  auto scan = MakeScan(8, /*lag_blocks=*/2);
+  const uint64_t stays = Subscribe(*scan, 1, /*rank=*/0, /*world=*/2);
+  const uint64_t leaves = Subscribe(*scan, 0);  // endless, all blocks
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(ServeOneRead(*scan));
+    ASSERT_NE(TakeNext(*scan, stays), nullptr);  // taken and let go
+  }
+  EXPECT_EQ(reservoir_->slots_in_use(), 4) << "held by the leaver's queue";
+  EXPECT_EQ(reservoir_->overflow_taken(), 2);
+  const int64_t wakes = wakes_.load(), releases = releases_.load();
+  scan->Unsubscribe(leaves);
+  EXPECT_EQ(reservoir_->slots_in_use(), 0);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0);
+  EXPECT_EQ(releases_.load() - releases, 4);
+  EXPECT_GT(wakes_.load(), wakes) << "the read engine was not told";
+  EXPECT_EQ(scan->subscribers(), 1);
+  // Only what the remaining subscriber needs is read from now on: with
+  // eight vectors per block every block holds even vectors, so that is
+  // every block it has not taken, and then nothing.
+  const std::vector<int64_t> rest = TakeEpoch(*scan, stays, 0);
+  EXPECT_EQ(static_cast<int64_t>(rest.size()) + 4, scan->layout().num_blocks);
+  EXPECT_FALSE(ServeOneRead(*scan));
+  scan->Unsubscribe(stays);
+  EXPECT_EQ(scan->subscribers(), 0);
+  EXPECT_EQ(reservoir_->slots_in_use(), 0);
+}
+
+}  // namespace
+}  // namespace shardcast

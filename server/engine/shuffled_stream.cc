@@ -1,0 +1,305 @@
+#include "server/engine/shuffled_stream.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/synth.h"
+#include "server/engine/resume_token.h"
+
+namespace shardcast {
+namespace {
+
+constexpr char kTokenMagic[4] = {'S', 'C', 'S', '2'};
+
+// Reads the bitmap of an IndexSet of `n` from `token`.
+absl::StatusOr<IndexSet> GetSet(TokenReader& token, int64_t n,
+                                absl::string_view what) {
+  absl::string_view bytes;
+  if (!token.GetBytes(static_cast<size_t>((n + 7) / 8), &bytes)) {
+    return MalformedToken(absl::StrCat(what, " cut short"));
+  }
+  absl::StatusOr<IndexSet> set = IndexSet::FromBytes(n, bytes);
+  if (!set.ok()) {
+    return MalformedToken(absl::StrCat(what, ": ", set.status().message()));
+  }
+  return set;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
+    ScanRegistry* registry, std::shared_ptr<const DatasetReader> reader,
+    std::string dataset_id, StreamSpec spec, uint64_t seed,
+    const std::string& resume_token, std::string peer) {
+  RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &spec));
+  std::unique_ptr<ShuffledStream> s(new ShuffledStream());
+  ASSIGN_OR_RETURN(s->layout_, registry->Layout(reader->desc(), spec));
+  s->reader_ = reader;
+  s->spec_ = spec;
+  s->seed_ = seed;
+  s->window_ = registry->options().window_blocks;
+  for (uint8_t l : spec.exclude_labels) s->exclude_[l] = true;
+  s->filter_ = !spec.exclude_labels.empty();
+  const int64_t v = s->layout_.sel.num_vectors();
+  s->per_epoch_ = s->filter_      ? -1
+                  : v > spec.rank ? (v - spec.rank - 1) / spec.world_size + 1
+                                  : 0;
+  const DatasetDesc& d = reader->desc();
+  s->shape_.batch_size = spec.batch_size;
+  s->shape_.d_model = d.d_model;
+  s->shape_.vector_bytes = d.vector_bytes();
+  s->shape_.vectors_per_epoch = s->per_epoch_;
+  s->fingerprint_ =
+      StreamFingerprint("shuffled2", dataset_id, spec,
+                        absl::StrCat(seed, "|", s->layout_.vectors_per_block));
+
+  SubscriberSpec sub;
+  sub.peer = std::move(peer);
+  sub.rank = spec.rank;
+  sub.world_size = spec.world_size;
+  sub.epochs = spec.epochs;
+  int64_t batch_index = 0;
+  if (!resume_token.empty()) {
+    IndexSet needed;
+    RETURN_IF_ERROR(s->ParseToken(resume_token, &needed));
+    if (spec.epochs != 0 && s->epoch_ >= spec.epochs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_token is for epoch ", s->epoch_,
+                       " but the stream asks for ", spec.epochs, " epoch(s)"));
+    }
+    sub.needed = std::move(needed);
+    batch_index = s->batch_index_;
+  }
+  sub.epoch = s->epoch_;
+  s->active_.resize(static_cast<size_t>(s->window_));
+  for (int64_t i = s->window_; i > 0; --i) {
+    s->free_slots_.push_back(static_cast<uint32_t>(i - 1));
+  }
+  s->StartEpoch(s->epoch_, batch_index);
+  if (spec.epochs == 0 || s->epoch_ < spec.epochs) {
+    ASSIGN_OR_RETURN(s->sub_, registry->Subscribe(reader, dataset_id, spec,
+                                                  seed, std::move(sub)));
+  }
+  return s;
+}
+
+ShuffledStream::~ShuffledStream() {
+  pool_.clear();
+  active_.clear();  // blocks go back before the reservation does
+  sub_.reset();
+}
+
+absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
+                                        IndexSet* needed) {
+  ASSIGN_OR_RETURN(
+      TokenReader token,
+      TokenReader::Open(resume_token, kTokenMagic, "shuffled-stream"));
+  uint64_t fingerprint;
+  int64_t epoch, batch_index, blocks;
+  if (!token.Get(&fingerprint) || !token.Get(&epoch) ||
+      !token.Get(&batch_index) || !token.Get(&blocks)) {
+    return MalformedToken("too short");
+  }
+  if (fingerprint != fingerprint_) {
+    return absl::InvalidArgumentError(
+        "resume_token was issued for a different stream request (dataset, "
+        "selection, seed, batch size, partition, label filter or the "
+        "daemon's --block-bytes differ)");
+  }
+  if (epoch < 0 || batch_index < 0) {
+    return MalformedToken("negative epoch or batch");
+  }
+  if (blocks != layout_.num_blocks) {
+    return MalformedToken(absl::StrCat(
+        "it names ", blocks, " blocks, the stream has ", layout_.num_blocks));
+  }
+  ASSIGN_OR_RETURN(IndexSet set, GetSet(token, blocks, "block bitmap"));
+  uint32_t partial = 0;
+  if (!token.Get(&partial)) return MalformedToken("no partial-block count");
+  for (uint32_t i = 0; i < partial; ++i) {
+    int64_t block;
+    uint32_t bits;
+    if (!token.Get(&block) || !token.Get(&bits)) {
+      return MalformedToken("partial block cut short");
+    }
+    if (block < 0 || block >= blocks || !set.Has(block) ||
+        partial_.count(block) != 0 ||
+        static_cast<int64_t>(bits) != layout_.vectors(block)) {
+      return MalformedToken(absl::StrCat("bad partial block ", block));
+    }
+    ASSIGN_OR_RETURN(partial_[block],
+                     GetSet(token, bits, "partial-block bitmap"));
+  }
+  if (token.remaining() != 0) return MalformedToken("trailing bytes");
+  epoch_ = epoch;
+  batch_index_ = batch_index;
+  *needed = std::move(set);
+  return absl::OkStatus();
+}
+
+std::string ShuffledStream::ResumeToken() const {
+  // Blocks never taken in this epoch, plus the partly delivered ones: those
+  // in the window (remaining = their entries in the pool) and those a
+  // resume token gave that have not come back yet.
+  IndexSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
+  std::map<int64_t, IndexSet> partial;
+  for (const auto& [block, remaining] : partial_) {
+    if (left.Has(block)) partial.emplace(block, remaining);
+  }
+  for (const Entry& e : pool_) {
+    const Block& b = *active_[e.slot].block;
+    partial.try_emplace(b.id, b.vectors).first->second.Set(e.local);
+    left.Set(b.id);
+  }
+  TokenWriter t(kTokenMagic);
+  t.Put<uint64_t>(fingerprint_);
+  t.Put<int64_t>(epoch_);
+  t.Put<int64_t>(batch_index_);
+  t.Put<int64_t>(layout_.num_blocks);
+  t.Append(left.ToBytes());
+  t.Put<uint32_t>(static_cast<uint32_t>(partial.size()));
+  for (const auto& [block, remaining] : partial) {
+    t.Put<int64_t>(block);
+    t.Put<uint32_t>(static_cast<uint32_t>(remaining.size()));
+    t.Append(remaining.ToBytes());
+  }
+  return t.Take();
+}
+
+void ShuffledStream::StartEpoch(int64_t epoch, int64_t batch_index) {
+  epoch_ = epoch;
+  batch_index_ = batch_index;
+  delivered_all_ = false;
+  // The draw sequence is a function of (seed, epoch, where the epoch
+  // (re)started).
+  rng_ = SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(epoch) + 1) ^
+                    SplitMix64(~static_cast<uint64_t>(batch_index)));
+}
+
+void ShuffledStream::Activate(BlockRef block) {
+  const uint32_t slot = free_slots_.back();
+  Active& a = active_[slot];
+  a.remaining = 0;
+  const IndexSet* partial = nullptr;
+  auto it = partial_.find(block->id);
+  if (it != partial_.end()) partial = &it->second;
+  const DatasetDesc& d = reader_->desc();
+  const Selection& sel = layout_.sel;
+  const int64_t w = spec_.world_size;
+  const int64_t k = sel.vectors_per_row;
+  const int64_t cls = d.cls_token ? 1 : 0;
+  const int64_t first = block->first_vector;
+  // First vector of this rank in the block, then every world_size-th.
+  int64_t local = ((spec_.rank - first) % w + w) % w;
+  for (; local < block->vectors; local += w) {
+    if (partial != nullptr && !partial->Has(local)) continue;
+    if (filter_) {
+      const int64_t g = first + local;
+      const int64_t content = sel.token_begin + g % k - cls;
+      if (content >= 0 && exclude_[block->Label(sel.example_of(g / k), content,
+                                                d.content_tokens)]) {
+        continue;
+      }
+    }
+    pool_.push_back({slot, static_cast<uint32_t>(local)});
+    ++a.remaining;
+  }
+  if (partial != nullptr) partial_.erase(it);
+  if (a.remaining > 0) {
+    a.block = std::move(block);
+    free_slots_.pop_back();
+    ++active_count_;
+  }
+}
+
+absl::StatusOr<ShuffledStream::Draw> ShuffledStream::EnsureDrawable(
+    const std::function<void()>& waker) {
+  while (active_count_ < window_ && !delivered_all_) {
+    ASSIGN_OR_RETURN(Take t,
+                     sub_->scan()->TakeBlock(sub_->id(), epoch_, waker));
+    switch (t.kind) {
+      case Take::kBlock:
+        Activate(std::move(t.block));
+        break;
+      case Take::kWait:
+        return Draw::kPending;
+      case Take::kDelivered:
+        delivered_all_ = true;
+        break;
+    }
+  }
+  return pool_.empty() ? Draw::kExhausted : Draw::kReady;
+}
+
+void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
+  rng_ += 0x9E3779B97F4A7C15ULL;
+  const size_t pick =
+      static_cast<size_t>(UniformIndex(SplitMix64(rng_), pool_.size()));
+  const Entry e = pool_[pick];
+  pool_[pick] = pool_.back();
+  pool_.pop_back();
+  Active& a = active_[e.slot];
+  const Block& b = *a.block;
+  const DatasetDesc& d = reader_->desc();
+  const Selection& sel = layout_.sel;
+  const uint64_t vb = layout_.vector_bytes;
+  const size_t at = static_cast<size_t>(i);
+  std::memcpy(dest.data + at * vb, b.data + static_cast<size_t>(e.local) * vb,
+              vb);
+  const int64_t g = b.first_vector + e.local;
+  const int64_t row = g / sel.vectors_per_row;
+  const int64_t example = sel.example_of(row);
+  const int32_t content = static_cast<int32_t>(
+      sel.token_begin + g % sel.vectors_per_row - (d.cls_token ? 1 : 0));
+  SetBatchRow(out, at, example, content,
+              d.layers[static_cast<size_t>(sel.layer_of(row))],
+              content < 0 || out->labels.empty()
+                  ? 255
+                  : b.Label(example, content, d.content_tokens));
+  if (--a.remaining == 0) {
+    a.block.reset();  // the scan may reuse its slot once nobody holds it
+    free_slots_.push_back(e.slot);
+    --active_count_;
+  }
+}
+
+absl::StatusOr<BatchSource::Fill> ShuffledStream::Next(
+    VectorDest dest, StreamBatch* out, std::function<void()> waker) {
+  const uint64_t vb = layout_.vector_bytes;
+  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, vb));
+  const bool all_layers = layout_.sel.layer_index < 0;
+  const bool labels = reader_->info().has_labels;
+  while (true) {
+    if (spec_.epochs != 0 && epoch_ >= spec_.epochs) return Fill::kEnd;
+    if (!in_batch_) {
+      SizeBatchMetadata(out, static_cast<size_t>(spec_.batch_size), all_layers,
+                        labels);
+      filled_ = 0;
+      in_batch_ = true;
+    }
+    while (filled_ < spec_.batch_size) {
+      ASSIGN_OR_RETURN(Draw st, EnsureDrawable(waker));
+      if (st == Draw::kPending) return Fill::kPending;
+      if (st == Draw::kExhausted) break;
+      DrawInto(dest, out, filled_++);
+    }
+    if (filled_ == spec_.batch_size || (filled_ > 0 && !spec_.drop_last)) {
+      const size_t n = static_cast<size_t>(filled_);
+      SizeBatchMetadata(out, n, all_layers, labels);
+      out->epoch = epoch_;
+      out->index = batch_index_;
+      out->rows = filled_;
+      ++batch_index_;
+      in_batch_ = false;
+      out->resume_token = ResumeToken();
+      sub_->scan()->AddDelivered(sub_->id(), n * vb);
+      return Fill::kBatch;
+    }
+    // The epoch is over: nothing left, or only a short batch to drop.
+    in_batch_ = false;
+    StartEpoch(epoch_ + 1, 0);
+  }
+}
+
+}  // namespace shardcast

@@ -1,0 +1,849 @@
+// Shuffled streams on shared scans, in-process: a real reservoir, read
+// engine (io_uring) and scan registry, with several clients driven from
+// threads. Every delivered vector and label is checked against the
+// generator's formula at the protocol offset (stream_test_util.h), and every
+// epoch against the selection computed from the protocol.
+#include "server/engine/shuffled_stream.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/file.h"
+#include "common/synth.h"
+#include "common/writer.h"
+#include "gtest/gtest.h"
+#include "server/engine/read_engine.h"
+#include "server/engine/reservoir.h"
+#include "server/engine/scan.h"
+#include "server/engine/stream_test_util.h"
+
+namespace shardcast {
+namespace {
+
+using namespace stream_test;  // NOLINT: test constants and helpers
+
+// 8 vectors of 16 bytes per block: the 230 content vectors of all layers
+// make 29 blocks, most of them spanning two rows.
+constexpr uint64_t kBlockBytes = 8 * kD * 4;
+
+// By default the lag bound (64 blocks) exceeds what a client can fall behind
+// in these short runs (2 epochs = 58 blocks), whatever the thread
+// scheduling, so clients running together always share every read; the
+// lag-bound test sets a small one.
+struct EngineConfig {
+  int64_t window = 4;
+  int64_t lag = 64;
+  int64_t slots = 512;
+  uint64_t block_bytes = kBlockBytes;
+  bool direct_io = false;
+  int64_t start_delay_ms = 0;  // tests subscribe everyone before reading
+};
+
+// What a client saw.
+struct Drained {
+  std::vector<Row> rows;
+  std::vector<int64_t> epochs;  // per row
+  std::vector<int64_t> sizes;   // per batch
+  std::string token;            // of the last batch
+  absl::Status status;
+  bool ended = false;  // the stream said all epochs are done
+};
+
+class ShuffledStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl =
+        JoinPath(::testing::TempDir(), "shuffled_stream_test_XXXXXX");
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    dir_ = WriteTestDataset(root_);
+    ASSERT_FALSE(dir_.empty());
+    auto reader = DatasetReader::Open(dir_);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    reader_ = std::move(*reader);
+    id_ = BaseName(dir_);
+    StartEngine(EngineConfig());
+  }
+  void TearDown() override {
+    StopEngine();
+    RemoveTree(root_).IgnoreError();
+  }
+
+  void StopEngine() {
+    registry_.reset();
+    reservoir_ = nullptr;
+    engine_ = nullptr;
+  }
+  void StartEngine(const EngineConfig& c) {
+    StopEngine();
+    ScanRegistry::Options o;
+    o.reservoir.bytes = static_cast<uint64_t>(c.slots) * c.block_bytes;
+    o.reservoir.slot_bytes = c.block_bytes;
+    o.reads.queue_depth = 8;
+    o.scans.window_blocks = c.window;
+    o.scans.lag_blocks = c.lag;
+    o.scans.direct_io = c.direct_io;
+    o.scans.start_delay = std::chrono::milliseconds(c.start_delay_ms);
+    auto registry = ScanRegistry::Start(o);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = std::move(*registry);
+    reservoir_ = registry_->reservoir();
+    engine_ = registry_->engine();
+  }
+
+  absl::StatusOr<std::unique_ptr<ShuffledStream>> Create(
+      const StreamSpec& spec, uint64_t seed, const std::string& token = "",
+      std::shared_ptr<const DatasetReader> reader = nullptr) {
+    if (reader == nullptr) reader = reader_;
+    const std::string id = reader->info().dir_name;
+    return ShuffledStream::Create(registry_.get(), std::move(reader), id, spec,
+                                  seed, token, "test");
+  }
+  std::unique_ptr<ShuffledStream> Open(const StreamSpec& spec, uint64_t seed,
+                                       const std::string& token = "") {
+    auto s = Create(spec, seed, token);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // Reads up to `max_batches` batches (-1: until the stream ends), checking
+  // every vector and label. `after_batch` runs after each batch (slow
+  // clients sleep there). Waits for blocks like the daemon's reactor does:
+  // Next returns kPending and the waker says when to call again.
+  static Drained Drain(ShuffledStream* s, int64_t batch_size,
+                       int max_batches = -1, int64_t single_layer = 6,
+                       const std::function<void(int)>& after_batch = nullptr) {
+    Drained d;
+    std::vector<char> buffer(static_cast<size_t>(batch_size) * kD * 4);
+    const VectorDest dest{buffer.data(), buffer.size()};
+    StreamBatch b;
+    struct Waiter {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool woken = false;
+    };
+    auto waiter = std::make_shared<Waiter>();
+    for (int n = 0; max_batches < 0 || n < max_batches;) {
+      {
+        std::lock_guard<std::mutex> lock(waiter->mu);
+        waiter->woken = false;
+      }
+      auto fill = s->Next(dest, &b, [waiter] {
+        std::lock_guard<std::mutex> lock(waiter->mu);
+        waiter->woken = true;
+        waiter->cv.notify_all();
+      });
+      if (!fill.ok()) {
+        d.status = fill.status();
+        return d;
+      }
+      if (*fill == ShuffledStream::Fill::kEnd) {
+        d.ended = true;
+        return d;
+      }
+      if (*fill == ShuffledStream::Fill::kPending) {
+        std::unique_lock<std::mutex> lock(waiter->mu);
+        if (!waiter->cv.wait_for(lock, std::chrono::seconds(20),
+                                 [&] { return waiter->woken; })) {
+          d.status = absl::DeadlineExceededError("no block for 20 s");
+          return d;
+        }
+        continue;
+      }
+      d.sizes.push_back(b.rows);
+      d.token = b.resume_token;
+      for (int64_t i = 0; i < b.rows; ++i) {
+        d.rows.push_back(CheckedRow(b, buffer.data(), i, single_layer));
+        d.epochs.push_back(b.epoch);
+      }
+      if (after_batch) after_batch(n);
+      ++n;
+    }
+    return d;
+  }
+
+  // The rows of `d` delivered in `epoch`.
+  static std::vector<Row> Epoch(const Drained& d, int64_t epoch) {
+    std::vector<Row> out;
+    for (size_t i = 0; i < d.rows.size(); ++i) {
+      if (d.epochs[i] == epoch) out.push_back(d.rows[i]);
+    }
+    return out;
+  }
+
+  // Rows of the content selection (all layers) that `rank` of `world`
+  // gets: vector g (disk order) belongs to rank g mod world.
+  static std::vector<Row> Partition(const std::vector<Row>& selection,
+                                    int64_t rank, int64_t world) {
+    std::vector<Row> out;
+    for (size_t g = 0; g < selection.size(); ++g) {
+      if (static_cast<int64_t>(g) % world == rank) out.push_back(selection[g]);
+    }
+    return out;
+  }
+
+  // Slots still in use once reads that were in flight when the last client
+  // left have completed (they hold their slot until then), within 10 s.
+  int64_t SlotsInUseWhenSettled() const {
+    for (int i = 0; i < 1000 && reservoir_->slots_in_use() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return reservoir_->slots_in_use();
+  }
+
+  int64_t NumBlocks(const StreamSpec& spec) const {
+    auto layout = registry_->Layout(reader_->desc(), spec);
+    EXPECT_TRUE(layout.ok());
+    return layout.ok() ? layout->num_blocks : 0;
+  }
+
+  std::string root_, dir_, id_;
+  std::shared_ptr<const DatasetReader> reader_;
+  std::unique_ptr<ScanRegistry> registry_;
+  Reservoir* reservoir_ = nullptr;  // the registry's
+  ReadEngine* engine_ = nullptr;    // the registry's
+};
+
+TEST_F(ShuffledStreamTest, EveryEpochIsAPermutationOfEverySelection) {
+  for (std::optional<int64_t> layer :
+       {std::optional<int64_t>(-2), std::optional<int64_t>()}) {
+    for (TokenSelection tokens :
+         {TokenSelection::kContent, TokenSelection::kSpecial,
+          TokenSelection::kAll}) {
+      StreamSpec spec;
+      spec.layer = layer;
+      spec.tokens = tokens;
+      spec.batch_size = 7;
+      spec.epochs = 2;
+      auto s = Open(spec, 42);
+      ASSERT_NE(s, nullptr);
+      const Drained d = Drain(s.get(), 7, -1, layer.value_or(0));
+      ASSERT_TRUE(d.status.ok()) << d.status;
+      EXPECT_TRUE(d.ended);
+      const std::vector<Row> want = Expected(layer, tokens);
+      const std::vector<Row> first = Epoch(d, 0), second = Epoch(d, 1);
+      ASSERT_EQ(d.rows.size(), 2 * want.size());
+      EXPECT_EQ(Sorted(first), Sorted(want));
+      EXPECT_EQ(Sorted(second), Sorted(want));
+      EXPECT_NE(first, want) << "not shuffled";
+      EXPECT_NE(first, second) << "both epochs in the same order";
+    }
+  }
+  EXPECT_EQ(SlotsInUseWhenSettled(), 0) << "blocks leaked";
+  EXPECT_EQ(reservoir_->slots_reserved(), 0) << "reservation leaked";
+}
+
+TEST_F(ShuffledStreamTest, AClientAloneGetsTheSameOrderFromTheSameSeed) {
+  StreamSpec spec;
+  spec.batch_size = 16;
+  spec.epochs = 2;
+  auto run = [&](uint64_t seed) {
+    auto s = Open(spec, seed);
+    Drained d = Drain(s.get(), 16, -1, 0);
+    EXPECT_TRUE(d.status.ok()) << d.status;
+    return d.rows;
+  };
+  const std::vector<Row> a = run(7), b = run(7), c = run(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(Sorted(a), Sorted(c));
+}
+
+TEST_F(ShuffledStreamTest, FourClientsStartedTogetherShareOneDiskPass) {
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 2;
+  std::vector<std::unique_ptr<ShuffledStream>> streams;
+  for (uint64_t seed : {1, 2, 3, 4}) streams.push_back(Open(spec, seed));
+  std::vector<Drained> out(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { out[i] = Drain(streams[i].get(), 10, -1, 0); });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (const Drained& d : out) {
+    ASSERT_TRUE(d.status.ok()) << d.status;
+    EXPECT_EQ(Sorted(Epoch(d, 0)), want);
+    EXPECT_EQ(Sorted(Epoch(d, 1)), want);
+  }
+  // One read per block per epoch for all four (5 % slack).
+  const int64_t blocks = NumBlocks(spec);
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()), 1.05 * 2 * blocks)
+      << "read " << engine_->blocks_read() << " blocks for " << blocks;
+}
+
+TEST_F(ShuffledStreamTest, ClientsJoiningWithinTheStartDelayShareEveryRead) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 32;  // more than an epoch's 29 blocks: never a deferral here
+  c.start_delay_ms = 300;  // without it, the first client is done in ~2 ms
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  auto first = Open(spec, 1);
+  Drained a, b;
+  std::thread ta([&] { a = Drain(first.get(), 10, -1, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(engine_->blocks_read(), 0u) << "read before the start delay";
+  auto second = Open(spec, 2);  // joins 100 ms later, within the delay
+  std::thread tb([&] { b = Drain(second.get(), 10, -1, 0); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  EXPECT_EQ(Sorted(a.rows), want);
+  EXPECT_EQ(Sorted(b.rows), want);
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()),
+            1.05 * NumBlocks(spec));
+}
+
+TEST_F(ShuffledStreamTest, ALateJoinerGetsEveryVectorOnceAndSharesTheReads) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 8;  // the early client reads ~21 blocks before the joiner comes,
+              // of which only window + lag = 10 are still resident
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 2;
+  auto early = Open(spec, 5);
+  Drained head = Drain(early.get(), 10, 9, 0);  // 90 of 230 vectors
+  ASSERT_TRUE(head.status.ok()) << head.status;
+  StreamSpec one = spec;
+  one.epochs = 1;
+  auto late = Open(one, 6);
+  // The two take turns, a batch each, so that neither falls behind the
+  // other by scheduling accident (which the lag bound would punish).
+  Drained rest, joined;
+  while (!(rest.ended && joined.ended) && rest.status.ok() &&
+         joined.status.ok()) {
+    for (auto [s, d] : {std::pair{early.get(), &rest}, {late.get(), &joined}}) {
+      if (d->ended) continue;
+      Drained one_batch = Drain(s, 10, 1, 0);
+      d->rows.insert(d->rows.end(), one_batch.rows.begin(),
+                     one_batch.rows.end());
+      d->epochs.insert(d->epochs.end(), one_batch.epochs.begin(),
+                       one_batch.epochs.end());
+      d->status = one_batch.status;
+      d->ended = one_batch.ended;
+    }
+  }
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_TRUE(joined.status.ok()) << joined.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  EXPECT_EQ(Sorted(joined.rows), want);
+  std::vector<Row> epoch0 = head.rows;
+  for (const Row& r : Epoch(rest, 0)) epoch0.push_back(r);
+  EXPECT_EQ(Sorted(epoch0), want);
+  EXPECT_EQ(Sorted(Epoch(rest, 1)), want);
+  // The late joiner took what was resident and the rest on the early
+  // client's next cycle: no block was read for it alone.
+  const int64_t blocks = NumBlocks(spec);
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()), 1.05 * 2 * blocks);
+  EXPECT_GT(joined.rows.size(), 0u);
+}
+
+TEST_F(ShuffledStreamTest,
+       ASlowClientBeyondTheLagBoundDoesNotHoldTheOthersBack) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 2;
+  c.slots = 8;  // exactly the two reservations: no spare to absorb a laggard
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 1;
+  StreamSpec fast_spec = spec;
+  fast_spec.epochs = 3;
+  auto slow = Open(spec, 1);
+  auto fast = Open(fast_spec, 2);
+  std::atomic<int> slow_batches{0};
+  std::atomic<bool> fast_done{false};
+  int slow_batches_when_fast_done = -1;
+  Drained fast_out, slow_out;
+  std::thread slow_thread([&] {
+    slow_out = Drain(slow.get(), 10, -1, 0, [&](int) {
+      ++slow_batches;
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    });
+  });
+  std::thread fast_thread([&] {
+    fast_out = Drain(fast.get(), 10, -1, 0);
+    slow_batches_when_fast_done = slow_batches.load();
+    fast_done = true;
+  });
+  fast_thread.join();
+  // The fast client was not paced by the slow one: it finished three
+  // epochs (69 batches) while the slow one did less than half of one.
+  EXPECT_LT(slow_batches_when_fast_done, 12);
+  uint64_t skipped = 0;
+  for (const ScanStatus& scan : registry_->Status()) {
+    for (const SubscriberStatus& sub : scan.subscribers)
+      skipped += sub.blocks_skipped;
+  }
+  EXPECT_GT(skipped, 0u) << "the slow client was never left behind";
+  slow_thread.join();
+  ASSERT_TRUE(fast_out.status.ok()) << fast_out.status;
+  ASSERT_TRUE(slow_out.status.ok()) << slow_out.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(Sorted(Epoch(fast_out, e)), want);
+  EXPECT_EQ(Sorted(slow_out.rows), want)
+      << "the slow client lost or repeated vectors";
+}
+
+TEST_F(ShuffledStreamTest,
+       SpareReservoirMemoryAbsorbsASlowClientWithoutReReads) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 2;  // a tiny guaranteed bound, but 500 unreserved slots
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 1;
+  StreamSpec fast_spec = spec;
+  fast_spec.epochs = 3;
+  auto slow = Open(spec, 1);
+  auto fast = Open(fast_spec, 2);
+  std::atomic<int> slow_batches{0};
+  Drained fast_out, slow_out;
+  std::thread slow_thread([&] {
+    slow_out = Drain(slow.get(), 10, -1, 0, [&](int) {
+      ++slow_batches;
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    });
+  });
+  fast_out = Drain(fast.get(), 10, -1, 0);
+  EXPECT_LT(slow_batches.load(), 12) << "the fast client was held back";
+  EXPECT_GT(reservoir_->overflow_taken(), 0) << "the laggard did not overflow";
+  slow_thread.join();
+  ASSERT_TRUE(fast_out.status.ok()) << fast_out.status;
+  ASSERT_TRUE(slow_out.status.ok()) << slow_out.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(Sorted(Epoch(fast_out, e)), want);
+  EXPECT_EQ(Sorted(slow_out.rows), want);
+  // The slow client's epoch came entirely from the fast one's passes.
+  EXPECT_LE(engine_->blocks_read(), static_cast<uint64_t>(3 * NumBlocks(spec)));
+  slow.reset();
+  fast.reset();
+  EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not returned";
+}
+
+TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClient) {
+  EngineConfig c;
+  c.window = 2;
+  c.lag = 2;
+  c.slots = 12;  // three reservations of 4; 8 spare while one stream runs
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  auto paused = Open(spec, 1);
+  Drained head = Drain(paused.get(), 10, 1, 0);  // then it stops reading
+  ASSERT_TRUE(head.status.ok()) << head.status;
+  for (int i = 0; i < 500 && reservoir_->overflow_taken() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(reservoir_->overflow_taken(), 8) << "the paused client's queue "
+                                                "did not grow into the spare";
+  auto a = Open(spec, 2);  // admitted: reservations are guarantees
+  auto b = Open(spec, 3);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not taken back";
+  Drained out_a, out_b;
+  std::thread ta([&] { out_a = Drain(a.get(), 10, -1, 0); });
+  std::thread tb([&] { out_b = Drain(b.get(), 10, -1, 0); });
+  ta.join();
+  tb.join();
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  ASSERT_TRUE(out_a.status.ok()) << out_a.status;
+  ASSERT_TRUE(out_b.status.ok()) << out_b.status;
+  EXPECT_EQ(Sorted(out_a.rows), want);
+  EXPECT_EQ(Sorted(out_b.rows), want);
+  Drained rest = Drain(paused.get(), 10, -1, 0);  // it wakes up
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  std::vector<Row> all = head.rows;
+  all.insert(all.end(), rest.rows.begin(), rest.rows.end());
+  EXPECT_EQ(Sorted(all), want) << "the paused client lost or repeated vectors";
+}
+
+TEST_F(ShuffledStreamTest,
+       PartitionsAreDisjointCoverTheSelectionAndShareTheScan) {
+  const std::vector<Row> selection =
+      Expected(std::nullopt, TokenSelection::kContent);
+  StreamSpec spec;
+  spec.batch_size = 8;
+  spec.world_size = 4;
+  std::vector<std::unique_ptr<ShuffledStream>> streams;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    spec.rank = rank;
+    streams.push_back(Open(spec, 3));
+  }
+  std::vector<Drained> out(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 4; ++i) {
+    threads.emplace_back(
+        [&, i] { out[i] = Drain(streams[i].get(), 8, -1, 0); });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<Row> all;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    const Drained& d = out[static_cast<size_t>(rank)];
+    ASSERT_TRUE(d.status.ok()) << d.status;
+    EXPECT_EQ(Sorted(d.rows), Sorted(Partition(selection, rank, 4)));
+    EXPECT_EQ(static_cast<int64_t>(d.rows.size()),
+              streams[static_cast<size_t>(rank)]->vectors_per_epoch());
+    all.insert(all.end(), d.rows.begin(), d.rows.end());
+  }
+  EXPECT_EQ(Sorted(all), Sorted(selection));
+  const int64_t blocks = NumBlocks(spec);
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()), 1.05 * blocks)
+      << "ranks on one node must share the scan";
+}
+
+TEST_F(ShuffledStreamTest,
+       ResumeFromATokenTakenMidEpochDeliversExactlyTheRest) {
+  StreamSpec spec;
+  spec.batch_size = 9;
+  spec.epochs = 2;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  // 230 vectors per epoch: 26 batches, the last of 5.
+  for (int cut : {1, 5, 13, 25, 26, 27, 40}) {
+    auto first = Open(spec, 99);
+    Drained head = Drain(first.get(), 9, cut, 0);
+    ASSERT_TRUE(head.status.ok()) << head.status;
+    first.reset();  // the client goes away
+    auto resumed = Open(spec, 99, head.token);
+    ASSERT_NE(resumed, nullptr);
+    Drained tail = Drain(resumed.get(), 9, -1, 0);
+    ASSERT_TRUE(tail.status.ok()) << tail.status;
+    for (int64_t e = 0; e < 2; ++e) {
+      std::vector<Row> rows = Epoch(head, e);
+      for (const Row& r : Epoch(tail, e)) rows.push_back(r);
+      EXPECT_EQ(Sorted(rows), want)
+          << "cut after batch " << cut << ", epoch " << e;
+    }
+  }
+}
+
+TEST_F(ShuffledStreamTest, ResumeWorksWhileAnotherClientSharesTheScan) {
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 1;
+  StreamSpec endless = spec;
+  endless.epochs = 0;
+  auto other = Open(endless, 1);
+  std::atomic<bool> stop{false};
+  absl::Status other_status;
+  std::thread t([&] {
+    // Keeps the scan busy, one batch at a time, until told to stop.
+    while (!stop.load() && other_status.ok()) {
+      other_status = Drain(other.get(), 10, 1, 0).status;
+    }
+  });
+  auto first = Open(spec, 2);
+  Drained head = Drain(first.get(), 10, 7, 0);
+  first.reset();
+  auto resumed = Open(spec, 2, head.token);
+  Drained tail = Drain(resumed.get(), 10, -1, 0);
+  stop = true;
+  t.join();
+  ASSERT_TRUE(head.status.ok()) << head.status;
+  ASSERT_TRUE(tail.status.ok()) << tail.status;
+  std::vector<Row> rows = head.rows;
+  rows.insert(rows.end(), tail.rows.begin(), tail.rows.end());
+  EXPECT_EQ(Sorted(rows),
+            Sorted(Expected(std::nullopt, TokenSelection::kContent)));
+  EXPECT_TRUE(other_status.ok()) << other_status;
+}
+
+TEST_F(ShuffledStreamTest, LabelFilterDeliversExactlyTheTokensNotExcluded) {
+  std::vector<Row> kept;
+  for (const Row& r : Expected(std::nullopt, TokenSelection::kAll)) {
+    const uint8_t l = LabelOf(r);
+    if (l != 0 && l != 3) kept.push_back(r);  // CLS (255) is always kept
+  }
+  ASSERT_LT(kept.size(), Expected(std::nullopt, TokenSelection::kAll).size());
+  StreamSpec spec;
+  spec.tokens = TokenSelection::kAll;
+  spec.batch_size = 11;
+  spec.epochs = 2;
+  spec.exclude_labels = {3, 0};
+  auto s = Open(spec, 4);
+  EXPECT_EQ(s->vectors_per_epoch(), -1);
+  Drained d = Drain(s.get(), 11, -1, 0);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  EXPECT_EQ(Sorted(Epoch(d, 0)), Sorted(kept));
+  EXPECT_EQ(Sorted(Epoch(d, 1)), Sorted(kept));
+  // Resume mid-epoch with the filter: still exactly the kept tokens.
+  auto first = Open(spec, 4);
+  Drained head = Drain(first.get(), 11, 6, 0);
+  first.reset();
+  auto resumed = Open(spec, 4, head.token);
+  Drained tail = Drain(resumed.get(), 11, -1, 0);
+  ASSERT_TRUE(tail.status.ok()) << tail.status;
+  std::vector<Row> rows = Epoch(head, 0);
+  for (const Row& r : Epoch(tail, 0)) rows.push_back(r);
+  EXPECT_EQ(Sorted(rows), Sorted(kept));
+}
+
+TEST_F(ShuffledStreamTest, DropLastDropsOnlyEachEpochsShortBatch) {
+  StreamSpec spec;
+  spec.layer = 6;
+  spec.batch_size = 10;  // 115 per epoch: 11 batches, 5 vectors dropped
+  spec.epochs = 2;
+  spec.drop_last = true;
+  auto s = Open(spec, 5);
+  Drained d = Drain(s.get(), 10);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  ASSERT_EQ(d.sizes.size(), 22u);
+  for (int64_t n : d.sizes) EXPECT_EQ(n, 10);
+  for (int64_t e = 0; e < 2; ++e) {
+    const std::vector<Row> rows = Epoch(d, e);
+    EXPECT_EQ(std::set<Row>(rows.begin(), rows.end()).size(), 110u);
+  }
+}
+
+TEST_F(ShuffledStreamTest, EndlessStreamsGoOnEpochAfterEpoch) {
+  StreamSpec spec;
+  spec.batch_size = 23;  // 230 per epoch: 10 batches
+  spec.epochs = 0;
+  auto s = Open(spec, 8);
+  Drained d = Drain(s.get(), 23, 35, 0);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(Sorted(Epoch(d, e)), want);
+  EXPECT_EQ(Epoch(d, 3).size(), 5u * 23);
+}
+
+TEST_F(ShuffledStreamTest, AClientLeavingMidStreamLeavesTheOthersExact) {
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 2;
+  auto quitter = Open(spec, 1);
+  auto a = Open(spec, 2);
+  auto b = Open(spec, 3);
+  Drained out_a, out_b;
+  std::thread ta([&] { out_a = Drain(a.get(), 10, -1, 0); });
+  std::thread tb([&] { out_b = Drain(b.get(), 10, -1, 0); });
+  Drained q = Drain(quitter.get(), 10, 4, 0);
+  ASSERT_TRUE(q.status.ok()) << q.status;
+  quitter.reset();  // killed mid-stream
+  ta.join();
+  tb.join();
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (const Drained* d : {&out_a, &out_b}) {
+    ASSERT_TRUE(d->status.ok()) << d->status;
+    EXPECT_EQ(Sorted(Epoch(*d, 0)), want);
+    EXPECT_EQ(Sorted(Epoch(*d, 1)), want);
+  }
+  a.reset();
+  b.reset();
+  EXPECT_EQ(SlotsInUseWhenSettled(), 0);
+  EXPECT_EQ(reservoir_->slots_reserved(), 0);
+  EXPECT_TRUE(registry_->Status().empty()) << "the scan outlived its clients";
+}
+
+TEST_F(ShuffledStreamTest, TheReservoirRefusesAStreamItCannotHold) {
+  EngineConfig c;
+  c.window = 4;
+  c.lag = 3;
+  c.slots = 10;  // one stream reserves 7
+  StartEngine(c);
+  StreamSpec spec;
+  auto first = Open(spec, 1);
+  ASSERT_NE(first, nullptr);
+  auto second = Create(spec, 2);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(second.status().message().find("--reservoir-bytes"),
+            std::string::npos)
+      << second.status();
+  first.reset();
+  EXPECT_TRUE(Create(spec, 2).ok()) << "the reservation was not returned";
+}
+
+TEST_F(ShuffledStreamTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
+  EngineConfig c;
+  c.lag = 2;    // little read-ahead (and no spare memory to read further),
+  c.slots = 6;  // so most blocks are read after the cut
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 2;
+  auto s = Open(spec, 1);
+  Drained head = Drain(s.get(), 10, 1, 0);
+  ASSERT_TRUE(head.status.ok());
+  for (int shard = 0; shard < 5; ++shard) {
+    const std::string path =
+        JoinPath(dir_, absl::StrCat("acts00000", shard, ".bin"));
+    ASSERT_EQ(::truncate(path.c_str(), 16), 0);
+  }
+  Drained rest = Drain(s.get(), 10, -1, 0);
+  EXPECT_EQ(rest.status.code(), absl::StatusCode::kDataLoss) << rest.status;
+  EXPECT_NE(rest.status.message().find("acts00000"), std::string::npos)
+      << rest.status;
+  s.reset();
+  // The engine keeps serving: another dataset streams fine.
+  const std::string other_root = JoinPath(root_, "other");
+  ASSERT_EQ(::mkdir(other_root.c_str(), 0755), 0);
+  auto other = DatasetReader::Open(WriteTestDataset(other_root));
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto fresh = Create(spec, 1, "", std::move(*other));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  Drained d = Drain(fresh->get(), 10, -1, 0);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  for (int64_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(Sorted(Epoch(d, e)),
+              Sorted(Expected(std::nullopt, TokenSelection::kContent)));
+  }
+}
+
+TEST_F(ShuffledStreamTest, DirectIoIntoRegisteredSlotsDeliversTheSameVectors) {
+  // 4 KiB vectors (D = 1024), so rows, blocks and slots are page-aligned and
+  // the scan reads with O_DIRECT into registered reservoir slots (or falls
+  // back to the page cache where the filesystem refuses O_DIRECT).
+  constexpr int64_t kBigD = 1024, kExamples = 12, kTokens = 3;
+  const std::string big_root = JoinPath(root_, "big");
+  ASSERT_EQ(::mkdir(big_root.c_str(), 0755), 0);
+  WriterOptions o;
+  o.root = big_root;
+  o.layers = {5};
+  o.content_tokens = kTokens;
+  o.d_model = kBigD;
+  o.n_examples = kExamples;
+  o.token_budget = 4 * kTokens;  // 4 examples per shard
+  auto w = DatasetWriter::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> v(kExamples * kTokens * kBigD);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = SynthValue(kSeed, i);
+  ASSERT_TRUE((*w)->Append(v.data(), v.size() * 4).ok());
+  auto written = (*w)->Finish();
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto big = DatasetReader::Open(written->path);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EngineConfig c;
+  c.block_bytes = 2 * kBigD * 4;  // 2 vectors per block: 18 blocks
+  c.slots = 64;
+  c.lag = 8;
+  c.direct_io = true;
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 5;
+  spec.epochs = 2;
+  auto s = Create(spec, 3, "", std::move(*big));
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<char> buffer(5 * kBigD * 4);
+  std::set<std::pair<int64_t, int32_t>> seen[2];
+  StreamBatch b;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool woken = false;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      woken = false;
+    }
+    auto fill = (*s)->Next({buffer.data(), buffer.size()}, &b, [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      woken = true;
+      cv.notify_all();
+    });
+    ASSERT_TRUE(fill.ok()) << fill.status();
+    if (*fill == ShuffledStream::Fill::kEnd) break;
+    if (*fill == ShuffledStream::Fill::kPending) {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(
+          cv.wait_for(lock, std::chrono::seconds(20), [&] { return woken; }));
+      continue;
+    }
+    for (int64_t i = 0; i < b.rows; ++i) {
+      int64_t e;
+      int32_t t;
+      std::memcpy(&e, b.example_idx.data() + i * 8, 8);
+      std::memcpy(&t, b.token_idx.data() + i * 4, 4);
+      const float* vec =
+          reinterpret_cast<const float*>(buffer.data()) + i * kBigD;
+      for (int64_t k = 0; k < kBigD; k += 97) {
+        ASSERT_EQ(vec[k], SynthValue(kSeed, static_cast<uint64_t>(
+                                                (e * kTokens + t) * kBigD + k)))
+            << "example " << e << " token " << t;
+      }
+      EXPECT_TRUE(seen[b.epoch].insert({e, t}).second) << "repeated";
+    }
+  }
+  EXPECT_EQ(seen[0].size(), static_cast<size_t>(kExamples * kTokens));
+  EXPECT_EQ(seen[1].size(), static_cast<size_t>(kExamples * kTokens));
+  EXPECT_TRUE(engine_->buffers_registered());
+}
+
+TEST_F(ShuffledStreamTest, BadResumeTokensAreInvalidArguments) {
+  StreamSpec spec;
+  spec.batch_size = 10;
+  auto s = Open(spec, 1);
+  Drained head = Drain(s.get(), 10, 3, 0);
+  ASSERT_TRUE(head.status.ok());
+  const std::string good = head.token;
+  ASSERT_TRUE(Create(spec, 1, good).ok());
+  std::vector<std::pair<std::string, std::string>> bad = {
+      {"garbage", "not a shardcast token"},
+      {good.substr(0, good.size() - 1), "cut short"},
+      {good + "x", "trailing byte"},
+      {"SCO1" + good.substr(4), "an ordered token's magic"},
+  };
+  std::string flipped = good;
+  flipped[4] ^= 1;  // the fingerprint
+  bad.push_back({flipped, "another request's fingerprint"});
+  for (const auto& [token, why] : bad) {
+    EXPECT_EQ(Create(spec, 1, token).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << why;
+  }
+  EXPECT_EQ(Create(spec, 2, good).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a token of another seed";
+  StreamSpec endless = spec;
+  endless.epochs = 0;
+  auto e = Open(endless, 1);
+  Drained later = Drain(e.get(), 10, 30, 0);  // into epoch 1 (23 per epoch)
+  ASSERT_TRUE(later.status.ok());
+  e.reset();
+  endless.epochs = 1;
+  auto past = Create(endless, 1, later.token);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument)
+      << "a token for epoch 1 of a 1-epoch stream";
+  StreamSpec other = spec;
+  other.world_size = 2;
+  EXPECT_EQ(Create(other, 1, good).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a token of another partition";
+  EngineConfig c;
+  c.block_bytes = 2 * kBlockBytes;
+  s.reset();
+  StartEngine(c);
+  auto geometry = Create(spec, 1, good);
+  EXPECT_EQ(geometry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(geometry.status().message().find("--block-bytes"),
+            std::string::npos)
+      << geometry.status();
+}
+
+}  // namespace
+}  // namespace shardcast

@@ -1,0 +1,399 @@
+#include "server/options.h"
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/cli_args.h"
+#include "common/file.h"
+#include "common/log.h"
+#include "common/pyjson.h"
+#include "common/status.h"
+
+namespace shardcast {
+namespace {
+
+using O = DaemonOptions;
+constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
+
+const std::vector<DaemonOption>& Table() {
+  static const auto* const table = new std::vector<DaemonOption>{
+      {"root", "roots", "DIR",
+       "directory of dataset directories (<DIR>/<HASH>/); repeatable",
+       OptionKind::kPaths, &O::roots},
+      {"listen", "listen", "unix:PATH",
+       "Unix socket for local clients (mode 0660, with PATH.lock)",
+       OptionKind::kUnixSocket, &O::unix_socket},
+      {"socket-group", "socket_group", "GROUP",
+       "group owning the Unix socket (default: the daemon's)",
+       OptionKind::kText, &O::socket_group},
+      {"listen-tcp", "listen_tcp", "HOST:PORT",
+       "TCP listener for remote clients; TLS required unless loopback",
+       OptionKind::kText, &O::tcp_address},
+      {"tls-cert", "tls_cert", "FILE",
+       "PEM certificate chain for the TCP listener", OptionKind::kText,
+       &O::tls_cert_file},
+      {"tls-key", "tls_key", "FILE", "PEM private key for the TCP listener",
+       OptionKind::kText, &O::tls_key_file},
+      {"tls-client-ca", "tls_client_ca", "FILE",
+       "PEM CA: require and verify client certificates (mutual TLS)",
+       OptionKind::kText, &O::tls_client_ca_file},
+      {"insecure-tcp", "insecure_tcp", nullptr,
+       "allow a non-loopback TCP listener without TLS", OptionKind::kSwitch,
+       &O::insecure_tcp},
+      {"http", "http", "HOST:PORT",
+       "HTTP admin endpoint: /healthz and /metrics (Prometheus)",
+       OptionKind::kText, &O::http_address},
+      {"config", nullptr, "FILE",
+       "JSON file with these settings under their config keys (flags "
+       "override it)",
+       OptionKind::kConfigFile, std::monostate()},
+      {"query-threads", "query_threads", "N",
+       "threads for blocking work: query reads, stream batch assembly",
+       OptionKind::kInteger, &O::query_threads, 1, 1024},
+      {"max-vectors-per-call", "max_vectors_per_call", "N",
+       "queries asking for more vectors are RESOURCE_EXHAUSTED",
+       OptionKind::kInteger, &O::max_vectors_per_call, 1, kNoMax},
+      {"max-bytes-per-call", "max_bytes_per_call", "N",
+       "query replies larger than this are RESOURCE_EXHAUSTED",
+       OptionKind::kBytes, &O::max_bytes_per_call, 1, kNoMax},
+      {"grace-seconds", "shutdown_grace_seconds", "S",
+       "SIGTERM: wait this long for calls in flight", OptionKind::kSeconds,
+       &O::shutdown_grace_seconds, 0, kNoMax},
+      {"log-level", "log_level", "LEVEL", "debug, info, warning or error",
+       OptionKind::kLogLevel, &O::log_level},
+      {"reservoir-bytes", "reservoir_bytes", "N",
+       "memory for blocks of shuffled streams, e.g. 4G; each stream "
+       "reserves (shuffle-window + lag-blocks) blocks of it",
+       OptionKind::kBytes, &O::reservoir_bytes, 1, kNoMax},
+      {"block-bytes", "block_bytes", "N",
+       "size of one block (one large read of consecutive vectors)",
+       OptionKind::kBytes, &O::block_bytes, 1, kNoMax},
+      {"shuffle-window", "shuffle_window", "N",
+       "blocks a shuffled stream draws its vectors from", OptionKind::kInteger,
+       &O::shuffle_window, 1, kNoMax},
+      {"lag-blocks", "lag_blocks", "N",
+       "blocks a stream may fall behind its shared scan before the scan goes "
+       "on without it",
+       OptionKind::kInteger, &O::lag_blocks, 1, kNoMax},
+      {"queue-depth", "queue_depth", "N", "disk reads in flight (io_uring)",
+       OptionKind::kInteger, &O::queue_depth, 1, 4096},
+      {"read-bytes", "read_bytes", "N", "largest single disk read",
+       OptionKind::kBytes, &O::read_bytes, 1, kNoMax},
+      {"direct-io", "direct_io", nullptr,
+       "read shards with O_DIRECT into registered buffers (bypasses the page "
+       "cache; used when vectors are 4 KiB-aligned; registering pins and "
+       "touches the whole reservoir at start)",
+       OptionKind::kSwitch, &O::direct_io},
+      {"prefault", "prefault", nullptr,
+       "touch the whole reservoir at start (no first-touch cost later)",
+       OptionKind::kSwitch, &O::prefault},
+      {"scan-start-delay-ms", "scan_start_delay_ms", "MS",
+       "a new shared scan waits this long for more clients before its first "
+       "read, so trainers launched together share the whole pass",
+       OptionKind::kInteger, &O::scan_start_delay_ms, 0, 60000},
+  };
+  return *table;
+}
+
+// "an integer in [1, 4096]": what a value of `o` must be, for messages.
+std::string Expected(const DaemonOption& o) {
+  const std::string range = o.max == kNoMax
+                                ? absl::StrCat(">= ", o.min)
+                                : absl::StrCat("in [", o.min, ", ", o.max, "]");
+  switch (o.kind) {
+    case OptionKind::kText:
+    case OptionKind::kConfigFile:
+      return "a string";
+    case OptionKind::kPaths:
+      return "an array of directory paths";
+    case OptionKind::kUnixSocket:
+      return "\"unix:/absolute/path\"";
+    case OptionKind::kSwitch:
+      return "true or false";
+    case OptionKind::kInteger:
+      return absl::StrCat("an integer ", range);
+    case OptionKind::kBytes:
+      return absl::StrCat("a byte count ", range,
+                          " (like 1073741824, 512M, 2G)");
+    case OptionKind::kSeconds:
+      return absl::StrCat("a number of seconds ", range);
+    case OptionKind::kLogLevel:
+      return "one of debug, info, warning, error";
+  }
+  return "?";
+}
+
+// Stores a value given as text (a flag's, or a config string) in `out`.
+// False when the text is not a value of `o`'s kind and range.
+bool SetFromText(const DaemonOption& o, const std::string& text,
+                 DaemonOptions* out) {
+  switch (o.kind) {
+    case OptionKind::kText:
+      out->*std::get<std::string O::*>(o.target) = text;
+      return true;
+    case OptionKind::kPaths:
+      (out->*std::get<std::vector<std::string> O::*>(o.target)).push_back(text);
+      return true;
+    case OptionKind::kUnixSocket:
+      if (!absl::StartsWith(text, "unix:")) return false;
+      out->*std::get<std::string O::*>(o.target) = text.substr(5);
+      return true;
+    case OptionKind::kLogLevel:
+      if (!ParseLogLevel(text).ok()) return false;
+      out->*std::get<std::string O::*>(o.target) = text;
+      return true;
+    case OptionKind::kInteger: {
+      int64_t v;
+      if (!absl::SimpleAtoi(text, &v) || v < o.min || v > o.max) return false;
+      out->*std::get<int64_t O::*>(o.target) = v;
+      return true;
+    }
+    case OptionKind::kBytes: {
+      uint64_t v;
+      if (!ParseByteCount(text, &v) || v < static_cast<uint64_t>(o.min) ||
+          v > static_cast<uint64_t>(o.max)) {
+        return false;
+      }
+      out->*std::get<uint64_t O::*>(o.target) = v;
+      return true;
+    }
+    case OptionKind::kSeconds: {
+      double v;
+      if (!absl::SimpleAtod(text, &v) || !std::isfinite(v) ||
+          v < static_cast<double>(o.min)) {
+        return false;
+      }
+      out->*std::get<double O::*>(o.target) = v;
+      return true;
+    }
+    case OptionKind::kSwitch:
+    case OptionKind::kConfigFile:
+      return false;
+  }
+  return false;
+}
+
+// Stores a config file's JSON value in `out`; false when it is not a value
+// of `o`'s kind and range.
+bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
+  switch (o.kind) {
+    case OptionKind::kPaths: {
+      if (!v.is_array()) return false;
+      std::vector<std::string> paths;
+      for (const Json& p : v) {
+        if (!p.is_string()) return false;
+        paths.push_back(p.get<std::string>());
+      }
+      out->*std::get<std::vector<std::string> O::*>(o.target) = paths;
+      return true;
+    }
+    case OptionKind::kSwitch:
+      if (!v.is_boolean()) return false;
+      out->*std::get<bool O::*>(o.target) = v.get<bool>();
+      return true;
+    case OptionKind::kInteger:
+    case OptionKind::kBytes:
+      // Integers (bytes may also be written "2G").
+      if (v.is_number_integer()) {
+        if (v.is_number_unsigned() &&
+            v.get<uint64_t>() > static_cast<uint64_t>(kNoMax)) {
+          return false;
+        }
+        return SetFromText(o, std::to_string(v.get<int64_t>()), out);
+      }
+      return o.kind == OptionKind::kBytes && v.is_string() &&
+             SetFromText(o, v.get<std::string>(), out);
+    case OptionKind::kSeconds:
+      if (!v.is_number()) return false;
+      if (v.get<double>() < static_cast<double>(o.min)) return false;
+      out->*std::get<double O::*>(o.target) = v.get<double>();
+      return true;
+    case OptionKind::kText:
+    case OptionKind::kUnixSocket:
+    case OptionKind::kLogLevel:
+      return v.is_string() && SetFromText(o, v.get<std::string>(), out);
+    case OptionKind::kConfigFile:
+      return false;
+  }
+  return false;
+}
+
+// "2G" for a whole number of binary units, else the number.
+std::string ByteText(uint64_t n) {
+  const char* units[] = {"T", "G", "M", "K"};
+  for (int i = 0; i < 4; ++i) {
+    const int shift = 40 - 10 * i;
+    if (n >= (uint64_t{1} << shift) && n % (uint64_t{1} << shift) == 0) {
+      return absl::StrCat(n >> shift, units[i]);
+    }
+  }
+  return absl::StrCat(n);
+}
+
+// The default of `o` as --help shows it; empty when there is none to show.
+std::string DefaultText(const DaemonOption& o) {
+  static const DaemonOptions defaults;
+  switch (o.kind) {
+    case OptionKind::kText:
+    case OptionKind::kLogLevel:
+      return defaults.*std::get<std::string O::*>(o.target);
+    case OptionKind::kInteger:
+      return absl::StrCat(defaults.*std::get<int64_t O::*>(o.target));
+    case OptionKind::kBytes:
+      return ByteText(defaults.*std::get<uint64_t O::*>(o.target));
+    case OptionKind::kSeconds:
+      return absl::StrCat(defaults.*std::get<double O::*>(o.target));
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+EngineOptions DaemonOptions::Engine() const {
+  EngineOptions e;
+  e.roots = roots;
+  e.limits.max_vectors_per_call = max_vectors_per_call;
+  e.limits.max_bytes_per_call = max_bytes_per_call;
+  e.reservoir.bytes = reservoir_bytes;
+  e.reservoir.slot_bytes = block_bytes;
+  e.reservoir.prefault = prefault;
+  e.reads.queue_depth = static_cast<unsigned>(queue_depth);
+  e.reads.read_bytes = read_bytes;
+  e.scans.window_blocks = shuffle_window;
+  e.scans.lag_blocks = lag_blocks;
+  e.scans.direct_io = direct_io;
+  e.scans.start_delay = std::chrono::milliseconds(scan_start_delay_ms);
+  return e;
+}
+
+const std::vector<DaemonOption>& DaemonOptionTable() { return Table(); }
+
+absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* options) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  ASSIGN_OR_RETURN(Json j, ParseJson(text, path));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": must hold a JSON object"));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const DaemonOption* option = nullptr;
+    for (const DaemonOption& o : Table()) {
+      if (o.key != nullptr && it.key() == o.key) option = &o;
+    }
+    if (option == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unknown key \"", it.key(), "\""));
+    }
+    if (!SetFromJson(*option, it.value(), options)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": key \"", it.key(), "\" must be ",
+                       Expected(*option), ", got ", it.value().dump()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(
+    const std::vector<std::string>& argv) {
+  std::vector<OptionSpec> specs;
+  for (const DaemonOption& o : Table()) {
+    specs.push_back(
+        {o.flag, o.value_name, o.help, o.kind == OptionKind::kPaths});
+  }
+  ASSIGN_OR_RETURN(Args args, Args::Parse(argv, specs));
+  if (!args.positional().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument ", args.positional()[0]));
+  }
+  DaemonOptions options;
+  if (args.Has("config")) {
+    RETURN_IF_ERROR(ApplyConfigFile(args.Get("config"), &options));
+  }
+  for (const DaemonOption& o : Table()) {
+    if (!args.Has(o.flag) || o.kind == OptionKind::kConfigFile) continue;
+    if (o.kind == OptionKind::kSwitch) {
+      options.*std::get<bool O::*>(o.target) = true;
+      continue;
+    }
+    if (o.kind == OptionKind::kPaths) {
+      (options.*std::get<std::vector<std::string> O::*>(o.target)).clear();
+    }
+    for (const std::string& value : args.GetAll(o.flag)) {
+      if (!SetFromText(o, value, &options)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", o.flag, " must be ", Expected(o), ", got \"", value, "\""));
+      }
+    }
+  }
+  return options;
+}
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
+  // Options set in code rather than parsed get the table's ranges too.
+  for (const DaemonOption& o : Table()) {
+    bool in_range = true;
+    if (o.kind == OptionKind::kInteger) {
+      const int64_t v = options.*std::get<int64_t O::*>(o.target);
+      in_range = v >= o.min && v <= o.max;
+    } else if (o.kind == OptionKind::kBytes) {
+      const uint64_t v = options.*std::get<uint64_t O::*>(o.target);
+      in_range = v >= static_cast<uint64_t>(o.min) &&
+                 v <= static_cast<uint64_t>(o.max);
+    } else if (o.kind == OptionKind::kSeconds) {
+      const double v = options.*std::get<double O::*>(o.target);
+      in_range = std::isfinite(v) && v >= static_cast<double>(o.min);
+    }
+    if (!in_range) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", o.flag, " must be ", Expected(o)));
+    }
+  }
+  if (options.roots.empty()) {
+    return absl::InvalidArgumentError("no dataset root given (--root DIR)");
+  }
+  if (options.unix_socket.empty() && options.tcp_address.empty()) {
+    return absl::InvalidArgumentError(
+        "no listener: give --listen unix:/path and/or --listen-tcp host:port");
+  }
+  return absl::OkStatus();
+}
+
+std::string DaemonOptionsHelp() {
+  constexpr size_t kColumn = 28, kWidth = 79;
+  std::string out = "Options (config file key in brackets):\n";
+  for (const DaemonOption& o : Table()) {
+    std::string left = absl::StrCat("  --", o.flag);
+    if (o.value_name != nullptr) absl::StrAppend(&left, " ", o.value_name);
+    std::string text = o.help;
+    const std::string def = DefaultText(o);
+    if (!def.empty()) absl::StrAppend(&text, " (default ", def, ")");
+    if (o.key != nullptr) absl::StrAppend(&text, " [", o.key, "]");
+    // Wrap the text into the column right of the option names.
+    std::string line = left.size() < kColumn
+                           ? left + std::string(kColumn - left.size(), ' ')
+                           : left + "\n" + std::string(kColumn, ' ');
+    size_t used = kColumn;
+    for (absl::string_view word : absl::StrSplit(text, ' ')) {
+      if (used > kColumn && used + 1 + word.size() > kWidth) {
+        absl::StrAppend(&out, line, "\n");
+        line = std::string(kColumn, ' ');
+        used = kColumn;
+      }
+      if (used > kColumn) {
+        line.push_back(' ');
+        ++used;
+      }
+      absl::StrAppend(&line, word);
+      used += word.size();
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  absl::StrAppend(&out, "  --help                    show this help\n");
+  return out;
+}
+
+}  // namespace shardcast

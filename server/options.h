@@ -1,0 +1,121 @@
+// shardcastd's settings, declared once. The table in options.cc says for
+// every setting its command-line flag, its key in the JSON config file, the
+// kind of value it takes and the range it must lie in, its help line, and the
+// DaemonOptions member it sets; the default is that member's initializer.
+// Parsing flags, reading --config, printing --help and validating each
+// value all read the table, so adding a setting is one line there and one
+// member here.
+#ifndef SHARDCAST_SERVER_OPTIONS_H_
+#define SHARDCAST_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/engine/engine.h"
+
+namespace shardcast {
+
+/// Everything shardcastd can be told. Plain data; the defaults are the
+/// daemon's defaults.
+struct DaemonOptions {
+  /// Directories holding dataset directories (<root>/<HASH>/).
+  std::vector<std::string> roots;
+  /// Unix socket path for local clients ("--listen unix:PATH"); its
+  /// directory is created (0750) when missing, the socket gets mode 0660,
+  /// and a `<path>.lock` file keeps a second daemon from taking it.
+  std::string unix_socket;
+  std::string socket_group;  // chgrp the socket to this group when set
+  /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
+  /// TLS unless the host is loopback or insecure_tcp is set.
+  std::string tcp_address;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;  // set: clients must present a cert (mTLS)
+  bool insecure_tcp = false;
+  /// HTTP admin endpoint "host:port" (/healthz, /metrics); empty: none.
+  std::string http_address;
+  int64_t query_threads = 4;
+  int64_t max_vectors_per_call = 1 << 20;
+  uint64_t max_bytes_per_call = 64ull << 20;  // stays under the message limit
+  /// How long SIGTERM waits for calls in flight before cancelling them.
+  double shutdown_grace_seconds = 10;
+  std::string log_level = "info";
+
+  // The streaming engine (shared scans for shuffled streams).
+  /// Memory for blocks read by the scans; every shuffled stream reserves
+  /// (shuffle_window + lag_blocks) blocks of it.
+  uint64_t reservoir_bytes = 2ull << 30;
+  uint64_t block_bytes = 4ull << 20;  // one block = one reservoir slot
+  int64_t shuffle_window = 16;        // blocks a stream draws from
+  int64_t lag_blocks = 32;         // blocks a stream may fall behind its scan
+  int64_t queue_depth = 32;        // io_uring reads in flight
+  uint64_t read_bytes = 1u << 20;  // largest single read
+  bool direct_io = false;          // O_DIRECT + registered buffers
+  bool prefault = false;           // touch the reservoir at start
+  /// A new shared scan waits this long for more clients before reading.
+  int64_t scan_start_delay_ms = 100;
+
+  /// The engine's part of these settings.
+  EngineOptions Engine() const;
+};
+
+/// How a setting's value is written.
+enum class OptionKind {
+  kText,        // any string
+  kPaths,       // a path; the flag repeats, the config key is an array
+  kUnixSocket,  // "unix:/absolute/path", stored without "unix:"
+  kSwitch,      // a flag without value; true/false in the config file
+  kInteger,     // within [min, max]
+  kBytes,       // a byte count (flag: 512M, 2G, ...) within [min, max]
+  kSeconds,     // a number of seconds >= min
+  kLogLevel,    // debug, info, warning or error
+  kConfigFile,  // --config FILE: flag only, read before the other flags
+};
+
+/// One setting. `target` is the DaemonOptions member it sets (monostate for
+/// --config).
+struct DaemonOption {
+  const char* flag;        // without "--"
+  const char* key;         // in the config file; nullptr: flag only
+  const char* value_name;  // for --help; nullptr for a switch
+  const char* help;
+  OptionKind kind;
+  std::variant<std::monostate, std::string DaemonOptions::*,
+               std::vector<std::string> DaemonOptions::*, bool DaemonOptions::*,
+               int64_t DaemonOptions::*, uint64_t DaemonOptions::*,
+               double DaemonOptions::*>
+      target;
+  int64_t min = 0;
+  int64_t max = std::numeric_limits<int64_t>::max();
+};
+
+/// Every setting, in --help order.
+const std::vector<DaemonOption>& DaemonOptionTable();
+
+/// Reads the command line (without the program name): --config FILE
+/// first, then the flags, which override the file (--root given on the
+/// command line replaces the file's roots). INVALID_ARGUMENT naming the
+/// flag or the file and key for unknown ones, missing values, wrong kinds
+/// and values out of range; the file's errors (NOT_FOUND, ...) otherwise.
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(
+    const std::vector<std::string>& argv);
+
+/// Applies a JSON config file (an object of config keys) over `options`.
+/// INVALID_ARGUMENT naming the file and key for unknown keys, wrong types
+/// and values out of range.
+absl::Status ApplyConfigFile(const std::string& path, DaemonOptions* options);
+
+/// Checks what no single setting can: roots and a listener are given.
+/// INVALID_ARGUMENT naming the flags.
+absl::Status ValidateDaemonOptions(const DaemonOptions& options);
+
+/// The option list for --help, each with its config key and default.
+std::string DaemonOptionsHelp();
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_OPTIONS_H_

@@ -1,0 +1,246 @@
+// The daemon's option table: every setting parses the same from its flag
+// and from its config-file key, is listed in --help, and is range-checked the
+// same way on both paths.
+#include "server/options.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/file.h"
+#include "common/testing.h"
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace {
+
+class OptionsTest : public ::testing::Test {
+ protected:
+
+  // Writes `json` to a config file and parses `--config FILE` + `flags`.
+  absl::StatusOr<DaemonOptions> WithConfig(
+      const std::string& json, std::vector<std::string> flags = {}) {
+    const std::string path = JoinPath(dir_, "shardcastd.json");
+    std::ofstream(path, std::ios::trunc) << json;
+    flags.insert(flags.begin(), {"--config", path});
+    return ParseDaemonOptions(flags);
+  }
+
+  TempRoot tmp_;
+  const std::string dir_ = tmp_.path();
+};
+
+// A valid value of `o`'s kind, as flag text and as JSON.
+struct Sample {
+  std::string flag;
+  std::string json;
+};
+
+Sample SampleOf(const DaemonOption& o) {
+  switch (o.kind) {
+    case OptionKind::kText:
+      return {"some-text", "\"some-text\""};
+    case OptionKind::kPaths:
+      return {"/data/a", "[\"/data/a\"]"};
+    case OptionKind::kUnixSocket:
+      return {"unix:/run/x.sock", "\"unix:/run/x.sock\""};
+    case OptionKind::kSwitch:
+      return {"", "true"};
+    case OptionKind::kInteger: {
+      const std::string v = std::to_string(o.min + 1);
+      return {v, v};
+    }
+    case OptionKind::kBytes:
+      return {"3M", "3145728"};
+    case OptionKind::kSeconds:
+      return {"2.5", "2.5"};
+    case OptionKind::kLogLevel:
+      return {"warning", "\"warning\""};
+    case OptionKind::kConfigFile:
+      break;
+  }
+  return {};
+}
+
+// The value `o` set in `options`, as text, for comparisons.
+std::string ValueOf(const DaemonOptions& options, const DaemonOption& o) {
+  return std::visit(
+      [&](auto target) -> std::string {
+        using T = decltype(target);
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          return "";
+        } else {
+          const auto& v = options.*target;
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            return v;
+          } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+            std::string out;
+            for (const std::string& s : v) out += s + ";";
+            return out;
+          } else {
+            return std::to_string(v);
+          }
+        }
+      },
+      o.target);
+}
+
+TEST_F(OptionsTest, EverySettingParsesTheSameFromItsFlagAndItsConfigKey) {
+  const DaemonOptions defaults;
+  for (const DaemonOption& o : DaemonOptionTable()) {
+    if (o.kind == OptionKind::kConfigFile) continue;
+    ASSERT_NE(o.key, nullptr) << o.flag;
+    const Sample s = SampleOf(o);
+    std::vector<std::string> argv = {std::string("--") + o.flag};
+    if (o.kind != OptionKind::kSwitch) argv.push_back(s.flag);
+    auto from_flag = ParseDaemonOptions(argv);
+    ASSERT_TRUE(from_flag.ok()) << o.flag << ": " << from_flag.status();
+    auto from_file =
+        WithConfig(std::string("{\"") + o.key + "\": " + s.json + "}");
+    ASSERT_TRUE(from_file.ok()) << o.key << ": " << from_file.status();
+    EXPECT_EQ(ValueOf(*from_flag, o), ValueOf(*from_file, o)) << o.flag;
+    EXPECT_NE(ValueOf(*from_flag, o), ValueOf(defaults, o))
+        << o.flag << " did not change its setting";
+  }
+}
+
+TEST_F(OptionsTest, SettingsLandInTheirFields) {
+  auto o = ParseDaemonOptions(
+      {"--root", "/a", "--root", "/b", "--listen", "unix:/run/s.sock",
+       "--queue-depth", "7", "--reservoir-bytes", "2G", "--grace-seconds",
+       "0.5", "--direct-io", "--scan-start-delay-ms", "0"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->roots, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(o->unix_socket, "/run/s.sock");
+  EXPECT_EQ(o->queue_depth, 7);
+  EXPECT_EQ(o->reservoir_bytes, 2ull << 30);
+  EXPECT_EQ(o->shutdown_grace_seconds, 0.5);
+  EXPECT_TRUE(o->direct_io);
+  EXPECT_FALSE(o->prefault);
+  EXPECT_EQ(o->scan_start_delay_ms, 0);
+  const EngineOptions e = o->Engine();
+  EXPECT_EQ(e.roots, o->roots);
+  EXPECT_EQ(e.reads.queue_depth, 7u);
+  EXPECT_EQ(e.reservoir.bytes, 2ull << 30);
+  EXPECT_EQ(e.reservoir.slot_bytes, 4ull << 20);
+  EXPECT_TRUE(e.scans.direct_io);
+  EXPECT_EQ(e.scans.start_delay.count(), 0);
+  EXPECT_EQ(e.limits.max_vectors_per_call, 1 << 20);
+}
+
+TEST_F(OptionsTest, FlagsOverrideTheConfigFileAndRootsAreReplaced) {
+  auto o = WithConfig(
+      "{\"roots\": [\"/x\", \"/y\"], \"queue_depth\": 9, "
+      "\"block_bytes\": \"8M\", \"log_level\": \"error\"}",
+      {"--root", "/z", "--queue-depth", "3"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->roots, std::vector<std::string>{"/z"});
+  EXPECT_EQ(o->queue_depth, 3);
+  EXPECT_EQ(o->block_bytes, 8ull << 20);
+  EXPECT_EQ(o->log_level, "error");
+}
+
+TEST_F(OptionsTest, ValuesOutOfRangeAreRefusedNamingFlagOrKeyAndTheRange) {
+  for (const DaemonOption& o : DaemonOptionTable()) {
+    if (o.kind != OptionKind::kInteger && o.kind != OptionKind::kBytes) {
+      continue;
+    }
+    const std::string low = std::to_string(o.min - 1);
+    auto flag = ParseDaemonOptions({std::string("--") + o.flag, low});
+    ASSERT_FALSE(flag.ok()) << o.flag << " took " << low;
+    EXPECT_EQ(flag.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(flag.status().message().find(std::string("--") + o.flag),
+              std::string::npos)
+        << flag.status();
+    auto file = WithConfig(std::string("{\"") + o.key + "\": " + low + "}");
+    ASSERT_FALSE(file.ok()) << o.key << " took " << low;
+    EXPECT_NE(file.status().message().find(std::string("\"") + o.key + "\""),
+              std::string::npos)
+        << file.status();
+    EXPECT_NE(file.status().message().find(std::to_string(o.min)),
+              std::string::npos)
+        << "the range is not named: " << file.status();
+  }
+  auto depth = ParseDaemonOptions({"--queue-depth", "4097"});
+  ASSERT_FALSE(depth.ok());
+  EXPECT_NE(depth.status().message().find("[1, 4096]"), std::string::npos)
+      << depth.status();
+}
+
+TEST_F(OptionsTest, MalformedValuesAndUnknownNamesAreInvalidArguments) {
+  const std::vector<std::vector<std::string>> bad_flags = {
+      {"--no-such-flag"},
+      {"--queue-depth", "many"},
+      {"--reservoir-bytes", "2Q"},
+      {"--reservoir-bytes", "-1"},
+      {"--listen", "/run/s.sock"},
+      {"--log-level", "loud"},
+      {"--grace-seconds", "never"},
+      {"--grace-seconds", "-1"},
+      {"--queue-depth"},
+      {"unexpected"},
+  };
+  for (const auto& argv : bad_flags) {
+    auto o = ParseDaemonOptions(argv);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument)
+        << argv[0] << ": " << o.status();
+  }
+  const std::vector<std::string> bad_files = {
+      "{\"listen_tpc\": \"x\"}",
+      "{\"roots\": \"/x\"}",
+      "{\"roots\": [1]}",
+      "{\"queue_depth\": \"7\"}",
+      "{\"queue_depth\": 7.5}",
+      "{\"direct_io\": 1}",
+      "{\"log_level\": 3}",
+      "{\"shutdown_grace_seconds\": -1}",
+      "{\"read_bytes\": \"lots\"}",
+      "[1, 2]",
+      "{\"max_vectors_per_call\": 18446744073709551615}",
+  };
+  for (const std::string& json : bad_files) {
+    auto o = WithConfig(json);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument)
+        << json << ": " << o.status();
+  }
+  auto missing = ParseDaemonOptions({"--config", JoinPath(dir_, "nope.json")});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(OptionsTest, HelpListsEveryFlagWithItsConfigKey) {
+  const std::string help = DaemonOptionsHelp();
+  for (const DaemonOption& o : DaemonOptionTable()) {
+    EXPECT_NE(help.find(std::string("--") + o.flag + " "), std::string::npos)
+        << o.flag;
+    if (o.key != nullptr) {
+      EXPECT_NE(help.find(std::string("[") + o.key + "]"), std::string::npos)
+          << o.key;
+    }
+  }
+  EXPECT_NE(help.find("(default 2G)"), std::string::npos) << help;
+}
+
+TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
+  DaemonOptions o;
+  EXPECT_EQ(ValidateDaemonOptions(o).code(),
+            absl::StatusCode::kInvalidArgument);  // no root
+  o.roots = {"/data"};
+  absl::Status no_listener = ValidateDaemonOptions(o);
+  EXPECT_NE(no_listener.message().find("--listen"), std::string::npos)
+      << no_listener;
+  o.unix_socket = "/run/s.sock";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.shuffle_window = 0;
+  absl::Status window = ValidateDaemonOptions(o);
+  EXPECT_NE(window.message().find("--shuffle-window"), std::string::npos)
+      << window;
+  o.shuffle_window = 1;
+  o.shutdown_grace_seconds = -2;
+  EXPECT_FALSE(ValidateDaemonOptions(o).ok());
+}
+
+}  // namespace
+}  // namespace shardcast

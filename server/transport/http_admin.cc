@@ -1,0 +1,59 @@
+#include "server/transport/http_admin.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "httplib.h"
+#include "server/transport/address.h"
+
+namespace shardcast {
+
+absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
+    const std::string& address, const Engine* engine, const Metrics* metrics,
+    const std::atomic<bool>* serving) {
+  std::unique_ptr<HttpAdmin> h(new HttpAdmin());
+  h->server_ = std::make_unique<httplib::Server>();
+  h->server_->Get(
+      "/healthz", [serving](const httplib::Request&, httplib::Response& res) {
+        const bool up = serving->load();
+        res.status = up ? 200 : 503;
+        res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
+      });
+  h->server_->Get("/metrics", [engine, metrics, serving](
+                                  const httplib::Request&,
+                                  httplib::Response& res) {
+    res.set_content(metrics->PrometheusText(serving->load(), engine->Figures()),
+                    "text/plain; version=0.0.4");
+  });
+  const std::string host = HostOf(address);
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http ", address, " is not host:port"));
+  }
+  if (port == 0) {
+    port = h->server_->bind_to_any_port(host);
+  } else if (!h->server_->bind_to_port(host, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on HTTP ", address));
+  }
+  h->port_ = port;
+  httplib::Server* server = h->server_.get();
+  h->thread_ = std::thread([server] { server->listen_after_bind(); });
+  LogInfo("HTTP admin on ", host, ":", port, " (/healthz, /metrics)");
+  return h;
+}
+
+HttpAdmin::~HttpAdmin() { Stop(); }
+
+void HttpAdmin::Stop() {
+  if (server_ != nullptr) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace shardcast

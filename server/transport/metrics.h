@@ -1,0 +1,47 @@
+// The transport's counters (calls, bytes served), exported with the
+// engine's figures by Admin.GetStatus and the HTTP /metrics endpoint.
+// Lock-free; every member is an atomic.
+#ifndef SHARDCAST_SERVER_TRANSPORT_METRICS_H_
+#define SHARDCAST_SERVER_TRANSPORT_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "server/engine/engine_status.h"
+
+namespace shardcast {
+
+struct Metrics {
+  absl::Time start_time = absl::Now();
+  std::atomic<int64_t> calls_in_flight{0};
+  std::atomic<uint64_t> calls_total{0};
+  std::atomic<uint64_t> bytes_served{0};
+  std::atomic<int64_t> streams_active{0};
+  std::atomic<uint64_t> batches_sent{0};
+  /// Vector bytes in stream batches (useful payload).
+  std::atomic<uint64_t> bytes_delivered{0};
+  /// Finished calls by final status code (index = absl::StatusCode).
+  std::array<std::atomic<uint64_t>, 17> calls_by_code{};
+
+  /// Records a finished call.
+  void CallDone(absl::StatusCode code) {
+    const size_t i = static_cast<size_t>(code);
+    if (i < calls_by_code.size()) calls_by_code[i].fetch_add(1);
+  }
+  uint64_t CallsFailed() const;
+  /// These counters and the engine's figures in the Prometheus text
+  /// exposition format (version 0.0.4).
+  std::string PrometheusText(bool serving, const EngineFigures& engine) const;
+};
+
+/// Resident set size of this process, from /proc/self/statm (0 if unknown).
+uint64_t ResidentBytes();
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_TRANSPORT_METRICS_H_

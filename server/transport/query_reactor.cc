@@ -1,0 +1,124 @@
+#include "server/transport/query_reactor.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/tsan.h"
+#include "proto/grpc_status.h"
+#include "server/transport/grpc_wire.h"
+#include "shardcast/v1/shardcast.pb.h"
+
+namespace shardcast {
+namespace {
+
+// Reads the request, runs it on the worker pool, writes the reply and
+// finishes. Deletes itself in OnDone.
+class QueryReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  QueryReactor(const TransportContext& context,
+               grpc::GenericCallbackServerContext* ctx)
+      : context_(context), method_(ctx->method()) {
+    context_.metrics->calls_total++;
+    context_.metrics->calls_in_flight++;
+    LogDebug("call ", method_, " from ", ctx->peer());
+    StartRead(&request_);  // queued until the reactor is returned to gRPC
+    TsanRelease(this);     // hand-off to gRPC (see common/tsan.h)
+  }
+
+  void OnReadDone(bool ok) override {
+    TsanAcquire(this);
+    if (!ok) {
+      FinishWith(absl::InvalidArgumentError(
+          absl::StrCat(method_, ": the client sent no request message")));
+      return;
+    }
+    context_.pool->Submit([this] {
+      TsanAcquire(this);
+      Run();
+    });
+  }
+
+  void OnWriteDone(bool /*ok*/) override {}
+
+  void OnDone() override {
+    TsanAcquire(this);
+    context_.metrics->calls_in_flight--;
+    delete this;
+  }
+
+ private:
+  void Run() {
+    absl::StatusOr<grpc::ByteBuffer> reply = Dispatch();
+    if (!reply.ok()) {
+      FinishWith(reply.status());
+      return;
+    }
+    reply_ = std::move(*reply);
+    context_.metrics->bytes_served += reply_.Length();
+    context_.metrics->CallDone(absl::StatusCode::kOk);
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+    StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  // Converts the request, runs the query, converts the result.
+  absl::StatusOr<grpc::ByteBuffer> Dispatch() {
+    const QueryEngine& queries = context_.engine->queries();
+    const std::string name = method_.substr(sizeof(kQueryMethodPrefix) - 1);
+    if (name == "GetVectors") {
+      v1::GetVectorsRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      std::vector<Coord> coords;
+      coords.reserve(static_cast<size_t>(req.coordinates_size()));
+      for (const v1::Coordinate& c : req.coordinates()) {
+        coords.push_back({c.example(), c.layer(), c.token()});
+      }
+      ASSIGN_OR_RETURN(VectorsResult r,
+                       queries.GetVectors(req.dataset(), coords));
+      return VectorsReply(std::move(r));
+    }
+    if (name == "GetExample") {
+      v1::GetExampleRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      std::optional<int64_t> layer;
+      if (req.has_layer()) layer = req.layer();
+      ASSIGN_OR_RETURN(VectorsResult r,
+                       queries.GetExample(req.dataset(), req.example(), layer));
+      return VectorsReply(std::move(r));
+    }
+    if (name == "GetLabels") {
+      v1::GetLabelsRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      ASSIGN_OR_RETURN(std::string labels,
+                       queries.GetLabels(req.dataset(), req.example()));
+      v1::Labels reply;
+      reply.set_example(req.example());
+      reply.set_labels(std::move(labels));
+      return ProtoReply(reply);
+    }
+    return absl::UnimplementedError(absl::StrCat("unknown method ", method_));
+  }
+
+  void FinishWith(const absl::Status& status) {
+    context_.metrics->CallDone(status.code());
+    LogInfo("call ", method_, " failed: ", status.ToString());
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+    Finish(ToGrpcStatus(status));
+  }
+
+  const TransportContext context_;
+  const std::string method_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer reply_;
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* NewQueryReactor(
+    const TransportContext& context, grpc::GenericCallbackServerContext* ctx) {
+  return new QueryReactor(context, ctx);
+}
+
+}  // namespace shardcast
