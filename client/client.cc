@@ -1,44 +1,273 @@
 #include "client/client.h"
 
-#include <cstring>
+#include <chrono>
+#include <cstdint>
+#include <utility>
 
+#include "absl/base/config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "shardcast/v1/shardcast.grpc.pb.h"
+
+#ifndef ABSL_IS_LITTLE_ENDIAN
+#error "shardcast's client views little-endian wire payloads in place"
+#endif
 
 namespace shardcast {
 namespace {
 
 constexpr int kMaxMessageBytes = 80 << 20;
 
-absl::StatusOr<VectorBlock> ToBlock(const v1::Vectors& reply) {
+// A view of a little-endian `bytes` field as T values. Protobuf keeps a bytes
+// field in a std::string of its own (heap buffer, or the inline buffer of the
+// 8-aligned string object), so the data is aligned for every T used here.
+template <typename T>
+absl::Span<const T> View(const std::string& bytes) {
+  return absl::Span<const T>(reinterpret_cast<const T*>(bytes.data()),
+                             bytes.size() / sizeof(T));
+}
+
+// Wraps a Vectors reply, which the block then owns, as a VectorBlock;
+// DATA_LOSS when its shape does not describe its payload.
+absl::StatusOr<VectorBlock> ToBlock(std::shared_ptr<const v1::Vectors> reply) {
   VectorBlock block;
-  int64_t count = 1;
-  for (int64_t s : reply.shape()) {
-    block.shape.push_back(s);
-    count *= s;
+  block.shape.assign(reply->shape().begin(), reply->shape().end());
+  uint64_t count = 1;
+  bool valid = true;
+  for (int64_t s : block.shape) {
+    valid = valid && s >= 0 &&
+            !__builtin_mul_overflow(count, static_cast<uint64_t>(s), &count);
   }
-  if (static_cast<uint64_t>(count) * 4 != reply.data().size()) {
-    return absl::DataLossError(absl::StrCat("reply shape holds ", count,
-                                            " floats but carries ",
-                                            reply.data().size(), " bytes"));
+  const uint64_t bytes = reply->data().size();
+  if (!valid || count > bytes / sizeof(float) ||
+      count * sizeof(float) != bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "reply shape [", absl::StrJoin(block.shape, ", "), "] holds ",
+        valid ? absl::StrCat(count) : std::string("an invalid number of"),
+        " floats but carries ", bytes, " bytes"));
   }
-  // One copy out of the protobuf string, without zero-filling first.
-  const float* first = reinterpret_cast<const float*>(reply.data().data());
-  block.values.assign(first, first + count);
+  block.values = View<float>(reply->data());
+  block.storage = std::move(reply);
   return block;
+}
+
+DatasetDescription FromProto(const v1::DatasetInfo& d) {
+  DatasetDescription out;
+  out.id = d.id();
+  out.ok = d.ok();
+  out.error = d.error();
+  out.protocol = d.protocol();
+  out.variant = d.variant();
+  out.layers.assign(d.layers().begin(), d.layers().end());
+  out.content_tokens = d.content_tokens();
+  out.cls_token = d.cls_token();
+  out.tokens_per_example = d.tokens_per_example();
+  out.d_model = d.d_model();
+  out.n_examples = d.n_examples();
+  out.examples_per_shard = d.examples_per_shard();
+  out.num_shards = d.num_shards();
+  out.bytes = d.bytes();
+  out.has_labels = d.has_labels();
+  out.hash_matches_dir = d.hash_matches_dir();
+  out.warnings.assign(d.warnings().begin(), d.warnings().end());
+  return out;
+}
+
+DaemonStatus::Scan::Client FromProto(const v1::ScanClient& c) {
+  DaemonStatus::Scan::Client out;
+  out.peer = c.peer();
+  out.rank = c.rank();
+  out.world_size = c.world_size();
+  out.epoch = c.epoch();
+  out.lag_blocks = c.lag_blocks();
+  out.blocks_needed = c.blocks_needed();
+  out.blocks_delivered = c.blocks_delivered();
+  out.blocks_skipped = c.blocks_skipped();
+  out.bytes_delivered = c.bytes_delivered();
+  return out;
+}
+
+DaemonStatus::Scan FromProto(const v1::ScanStatus& s) {
+  DaemonStatus::Scan out;
+  out.dataset = s.dataset();
+  out.selection = s.selection();
+  out.blocks = s.blocks();
+  out.cycle = s.cycle();
+  out.position = s.position();
+  out.blocks_read = s.blocks_read();
+  out.bytes_read = s.bytes_read();
+  for (const v1::ScanClient& c : s.clients()) {
+    out.clients.push_back(FromProto(c));
+  }
+  return out;
+}
+
+DaemonStatus FromProto(const v1::ServerStatus& s) {
+  DaemonStatus out;
+  out.version = s.version();
+  out.uptime_seconds = s.uptime_seconds();
+  out.connected_clients = s.connected_clients();
+  out.calls_total = s.calls_total();
+  out.calls_failed = s.calls_failed();
+  out.bytes_served = s.bytes_served();
+  out.bytes_read_from_disk = s.bytes_read_from_disk();
+  out.memory_rss_bytes = s.memory_rss_bytes();
+  out.datasets_ok = s.datasets_ok();
+  out.datasets_failed = s.datasets_failed();
+  out.reservoir_bytes = s.reservoir_bytes();
+  out.reservoir_bytes_in_use = s.reservoir_bytes_in_use();
+  out.reservoir_bytes_reserved = s.reservoir_bytes_reserved();
+  out.blocks_read = s.blocks_read();
+  out.bytes_delivered = s.bytes_delivered();
+  for (const v1::ScanStatus& scan : s.scans()) {
+    out.scans.push_back(FromProto(scan));
+  }
+  return out;
+}
+
+v1::StreamRequest ToProto(const StreamRequest& r) {
+  v1::StreamRequest out;
+  out.set_dataset(r.dataset);
+  if (r.layer.has_value()) out.set_layer(*r.layer);
+  switch (r.tokens) {
+    case StreamRequest::Tokens::kContent:
+      out.set_tokens(v1::TOKENS_CONTENT);
+      break;
+    case StreamRequest::Tokens::kSpecial:
+      out.set_tokens(v1::TOKENS_SPECIAL);
+      break;
+    case StreamRequest::Tokens::kAll:
+      out.set_tokens(v1::TOKENS_ALL);
+      break;
+  }
+  out.set_order(r.order == StreamRequest::Order::kOrdered ? v1::ORDER_ORDERED
+                                                          : v1::ORDER_SHUFFLED);
+  out.set_batch_size(r.batch_size);
+  out.set_seed(r.seed);
+  out.set_epochs(r.epochs);
+  out.set_rank(r.rank);
+  out.set_world_size(r.world_size);
+  out.set_drop_last(r.drop_last);
+  for (uint32_t l : r.exclude_labels) out.add_exclude_labels(l);
+  out.set_resume_token(r.resume_token);
+  return out;
+}
+
+// Whether `column` holds `rows` entries of `width` bytes.
+bool HoldsRows(const std::string& column, int64_t rows, int64_t width) {
+  return rows >= 0 && column.size() % static_cast<uint64_t>(width) == 0 &&
+         column.size() / static_cast<uint64_t>(width) ==
+             static_cast<uint64_t>(rows);
+}
+
+// OK when every column of `b` has the size its rows and d_model call for
+// (the optional layer and labels columns may be empty); DATA_LOSS naming the
+// batch (`number` in the stream, 1-based) and the sizes otherwise.
+absl::Status CheckBatch(const v1::Batch& b, int64_t number) {
+  const int64_t rows = b.rows();
+  const int64_t d_model = b.d_model();
+  const bool vectors_ok = d_model == 0
+                              ? rows >= 0 && b.vectors().empty()
+                              : d_model > 0 && d_model <= INT64_MAX / 4 &&
+                                    HoldsRows(b.vectors(), rows, d_model * 4);
+  const bool layer_ok = b.layer().empty() || HoldsRows(b.layer(), rows, 8);
+  const bool labels_ok = b.labels().empty() || HoldsRows(b.labels(), rows, 1);
+  if (vectors_ok && HoldsRows(b.example_idx(), rows, 8) &&
+      HoldsRows(b.token_idx(), rows, 4) && layer_ok && labels_ok) {
+    return absl::OkStatus();
+  }
+  std::string message = absl::StrCat(
+      "batch ", number, " (epoch ", b.epoch(), ", index ", b.index(),
+      ") is malformed: ", rows, " rows, d_model ", d_model, ", ",
+      b.vectors().size(), " vector bytes, ", b.example_idx().size(),
+      " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
+  if (!layer_ok)
+    absl::StrAppend(&message, ", ", b.layer().size(), " layer bytes");
+  if (!labels_ok) {
+    absl::StrAppend(&message, ", ", b.labels().size(), " labels bytes");
+  }
+  return absl::DataLossError(message);
 }
 
 }  // namespace
 
-Client::Client(std::shared_ptr<grpc::Channel> channel)
-    : channel_(std::move(channel)),
-      admin_(v1::Admin::NewStub(channel_)),
-      query_(v1::Query::NewStub(channel_)),
-      stream_(v1::Stream::NewStub(channel_)) {}
+// Batch.
+
+struct Batch::Rep {
+  v1::Batch message;
+};
+
+namespace internal_client {
+
+// The library's way into a Batch's message.
+class BatchAccess {
+ public:
+  // The message `batch` holds, created when it has none.
+  static v1::Batch* Message(Batch* batch) {
+    if (batch->rep_ == nullptr) batch->rep_ = std::make_unique<Batch::Rep>();
+    return &batch->rep_->message;
+  }
+  // The message `batch` holds; the (empty) default message when it has none.
+  static const v1::Batch& Message(const Batch& batch) {
+    return batch.rep_ != nullptr ? batch.rep_->message
+                                 : v1::Batch::default_instance();
+  }
+};
+
+}  // namespace internal_client
+
+using internal_client::BatchAccess;
+
+Batch::Batch() = default;
+Batch::~Batch() = default;
+Batch::Batch(Batch&& other) noexcept = default;
+Batch& Batch::operator=(Batch&& other) noexcept = default;
+
+int64_t Batch::epoch() const { return BatchAccess::Message(*this).epoch(); }
+int64_t Batch::index() const { return BatchAccess::Message(*this).index(); }
+int64_t Batch::rows() const { return BatchAccess::Message(*this).rows(); }
+int64_t Batch::d_model() const { return BatchAccess::Message(*this).d_model(); }
+absl::Span<const float> Batch::vectors() const {
+  return View<float>(BatchAccess::Message(*this).vectors());
+}
+absl::Span<const int64_t> Batch::example_idx() const {
+  return View<int64_t>(BatchAccess::Message(*this).example_idx());
+}
+absl::Span<const int32_t> Batch::token_idx() const {
+  return View<int32_t>(BatchAccess::Message(*this).token_idx());
+}
+absl::Span<const int64_t> Batch::layer() const {
+  return View<int64_t>(BatchAccess::Message(*this).layer());
+}
+absl::Span<const uint8_t> Batch::labels() const {
+  return View<uint8_t>(BatchAccess::Message(*this).labels());
+}
+const std::string& Batch::resume_token() const {
+  return BatchAccess::Message(*this).resume_token();
+}
+
+// Client.
+
+struct Client::Impl {
+  explicit Impl(std::shared_ptr<grpc::Channel> c)
+      : channel(std::move(c)),
+        admin(v1::Admin::NewStub(channel)),
+        query(v1::Query::NewStub(channel)),
+        stream(v1::Stream::NewStub(channel)) {}
+
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Admin::Stub> admin;
+  std::unique_ptr<v1::Query::Stub> query;
+  std::unique_ptr<v1::Stream::Stub> stream;
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
 
 namespace {
 
@@ -46,20 +275,62 @@ class GrpcBatchStream final : public BatchStream {
  public:
   GrpcBatchStream(v1::Stream::Stub* stub, const v1::StreamRequest& request)
       : reader_(stub->Stream(&ctx_, request)) {}
-  bool Next(v1::Batch* batch) override { return reader_->Read(batch); }
-  absl::Status Finish() override { return FromGrpcStatus(reader_->Finish()); }
+
+  ~GrpcBatchStream() override {
+    if (!finished_) Finish().IgnoreError();
+  }
+
+  bool Next(Batch* batch) override {
+    if (ended_) return false;
+    v1::Batch* message = BatchAccess::Message(batch);
+    if (!reader_->Read(message)) {
+      ended_ = true;
+      return false;
+    }
+    malformed_ = CheckBatch(*message, ++batches_);
+    if (malformed_.ok()) return true;
+    message->Clear();
+    Stop();
+    return false;
+  }
+
+  absl::Status Finish() override {
+    if (!finished_) {
+      if (!ended_) Stop();
+      final_ = FromGrpcStatus(reader_->Finish());
+      if (!malformed_.ok()) final_ = malformed_;
+      finished_ = true;
+    }
+    return final_;
+  }
+
   void Cancel() override { ctx_.TryCancel(); }
 
  private:
+  // Cancels the call and reads what is still in flight, as gRPC wants before
+  // Finish.
+  void Stop() {
+    ctx_.TryCancel();
+    v1::Batch discard;
+    while (reader_->Read(&discard)) {
+    }
+    ended_ = true;
+  }
+
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReader<v1::Batch>> reader_;
+  int64_t batches_ = 0;    // received so far, for error messages
+  bool ended_ = false;     // Read returned false
+  bool finished_ = false;  // reader_->Finish was called; final_ holds it
+  absl::Status malformed_;
+  absl::Status final_;
 };
 
 }  // namespace
 
-std::unique_ptr<BatchStream> Client::OpenStream(
-    const v1::StreamRequest& request) {
-  return std::make_unique<GrpcBatchStream>(stream_.get(), request);
+std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
+  return std::make_unique<GrpcBatchStream>(impl_->stream.get(),
+                                           ToProto(request));
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
@@ -93,34 +364,38 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      options.connect_timeout_seconds,
                      " s (is it running? right address/TLS?)"));
   }
-  return std::unique_ptr<Client>(new Client(std::move(channel)));
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<Impl>(std::move(channel))));
 }
 
-absl::StatusOr<std::vector<v1::DatasetInfo>> Client::ListDatasets() {
+absl::StatusOr<std::vector<DatasetDescription>> Client::ListDatasets() {
   grpc::ClientContext ctx;
   v1::ListDatasetsRequest req;
   v1::ListDatasetsResponse resp;
-  RETURN_IF_ERROR(FromGrpcStatus(admin_->ListDatasets(&ctx, req, &resp)));
-  return std::vector<v1::DatasetInfo>(resp.datasets().begin(),
-                                      resp.datasets().end());
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->ListDatasets(&ctx, req, &resp)));
+  std::vector<DatasetDescription> out;
+  out.reserve(static_cast<size_t>(resp.datasets_size()));
+  for (const v1::DatasetInfo& d : resp.datasets()) out.push_back(FromProto(d));
+  return out;
 }
 
-absl::StatusOr<v1::DatasetInfo> Client::DescribeDataset(
+absl::StatusOr<DatasetDescription> Client::DescribeDataset(
     const std::string& dataset) {
   grpc::ClientContext ctx;
   v1::DescribeDatasetRequest req;
   req.set_dataset(dataset);
   v1::DatasetInfo resp;
-  RETURN_IF_ERROR(FromGrpcStatus(admin_->DescribeDataset(&ctx, req, &resp)));
-  return resp;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->admin->DescribeDataset(&ctx, req, &resp)));
+  return FromProto(resp);
 }
 
-absl::StatusOr<v1::ServerStatus> Client::GetStatus() {
+absl::StatusOr<DaemonStatus> Client::GetStatus() {
   grpc::ClientContext ctx;
   v1::GetStatusRequest req;
   v1::ServerStatus resp;
-  RETURN_IF_ERROR(FromGrpcStatus(admin_->GetStatus(&ctx, req, &resp)));
-  return resp;
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->GetStatus(&ctx, req, &resp)));
+  return FromProto(resp);
 }
 
 absl::StatusOr<VectorBlock> Client::GetVectors(
@@ -134,9 +409,10 @@ absl::StatusOr<VectorBlock> Client::GetVectors(
     p->set_layer(c.layer);
     p->set_token(c.token);
   }
-  v1::Vectors resp;
-  RETURN_IF_ERROR(FromGrpcStatus(query_->GetVectors(&ctx, req, &resp)));
-  return ToBlock(resp);
+  auto resp = std::make_shared<v1::Vectors>();
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->query->GetVectors(&ctx, req, resp.get())));
+  return ToBlock(std::move(resp));
 }
 
 absl::StatusOr<VectorBlock> Client::GetExample(const std::string& dataset,
@@ -147,9 +423,10 @@ absl::StatusOr<VectorBlock> Client::GetExample(const std::string& dataset,
   req.set_dataset(dataset);
   req.set_example(example);
   if (layer.has_value()) req.set_layer(*layer);
-  v1::Vectors resp;
-  RETURN_IF_ERROR(FromGrpcStatus(query_->GetExample(&ctx, req, &resp)));
-  return ToBlock(resp);
+  auto resp = std::make_shared<v1::Vectors>();
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->query->GetExample(&ctx, req, resp.get())));
+  return ToBlock(std::move(resp));
 }
 
 absl::StatusOr<std::string> Client::GetLabels(const std::string& dataset,
@@ -159,8 +436,8 @@ absl::StatusOr<std::string> Client::GetLabels(const std::string& dataset,
   req.set_dataset(dataset);
   req.set_example(example);
   v1::Labels resp;
-  RETURN_IF_ERROR(FromGrpcStatus(query_->GetLabels(&ctx, req, &resp)));
-  return resp.labels();
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->query->GetLabels(&ctx, req, &resp)));
+  return std::move(*resp.mutable_labels());
 }
 
 }  // namespace shardcast

@@ -1,4 +1,12 @@
 // C++ client library for shardcastd.
+//
+// The public API is plain C++ (Abseil types, no protobuf or gRPC): the wire
+// messages of proto/shardcast/v1/shardcast.proto stay inside client.cc.
+// Vector payloads are not copied out of the received replies: VectorBlock and
+// Batch hand out views of them together with what keeps them alive.
+//
+// The payloads are little-endian on the wire and are viewed in place, so the
+// library builds for little-endian hosts only.
 #ifndef SHARDCAST_CLIENT_CLIENT_H_
 #define SHARDCAST_CLIENT_CLIENT_H_
 
@@ -8,8 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shardcast/v1/shardcast.grpc.pb.h"
+#include "absl/types/span.h"
 
 namespace shardcast {
 
@@ -29,58 +38,244 @@ struct VectorCoord {
   int64_t token = 0;  // token axis index in [0, T)
 };
 
-/// A block of float32 values and its shape.
+/// Float32 values and their shape, C order. `values` is a view of the
+/// received reply, which `storage` keeps alive: the payload is not copied.
+/// Copying a VectorBlock shares the storage (the values stay valid while any
+/// copy lives); the values are read-only. A default-constructed block is
+/// empty.
 struct VectorBlock {
   std::vector<int64_t> shape;
-  std::vector<float> values;
+  absl::Span<const float> values;  // product(shape) floats
+  std::shared_ptr<const void> storage;
 };
 
-/// A server stream of batches. Not thread-safe; one reader per stream.
+/// A dataset as the daemon describes it (Admin.DescribeDataset); plain data
+/// mirroring shardcast.v1.DatasetInfo field for field.
+struct DatasetDescription {
+  std::string id;   // directory name (the content hash)
+  bool ok = false;  // false: rejected at load, see `error`
+  std::string error;
+  std::string protocol;  // as written in metadata.json
+  std::string variant;   // "1.0.0", "2.1" or "2.1-saev"
+  std::vector<int64_t> layers;
+  int64_t content_tokens = 0;
+  bool cls_token = false;
+  int64_t tokens_per_example = 0;
+  int64_t d_model = 0;
+  int64_t n_examples = 0;
+  int64_t examples_per_shard = 0;
+  int64_t num_shards = 0;
+  uint64_t bytes = 0;  // float32 payload bytes in the dataset
+  bool has_labels = false;
+  bool hash_matches_dir = false;
+  std::vector<std::string> warnings;
+};
+
+/// The daemon's counters (Admin.GetStatus); plain data mirroring
+/// shardcast.v1.ServerStatus field for field.
+struct DaemonStatus {
+  /// One shared scan: a disk pass over a dataset selection feeding every
+  /// shuffled stream of that selection (shardcast.v1.ScanStatus).
+  struct Scan {
+    /// One stream fed by the scan (shardcast.v1.ScanClient).
+    struct Client {
+      std::string peer;
+      int64_t rank = 0;
+      int64_t world_size = 0;
+      int64_t epoch = 0;          // epoch the scan is feeding it
+      int64_t lag_blocks = 0;     // blocks delivered to it, not yet taken
+      int64_t blocks_needed = 0;  // blocks still to come in that epoch
+      uint64_t blocks_delivered = 0;
+      uint64_t blocks_skipped = 0;   // deferred to a later cycle (lag bound)
+      uint64_t bytes_delivered = 0;  // vector bytes sent to it
+    };
+    std::string dataset;
+    std::string selection;  // e.g. "layer 12, content tokens"
+    int64_t blocks = 0;     // blocks in the selection
+    int64_t cycle = 0;      // permutation cycle the scan is in
+    int64_t position = 0;   // position in the cycle
+    uint64_t blocks_read = 0;
+    uint64_t bytes_read = 0;  // from disk, by this scan
+    std::vector<Client> clients;
+  };
+  std::string version;
+  double uptime_seconds = 0;
+  int64_t connected_clients = 0;  // calls in flight
+  uint64_t calls_total = 0;
+  uint64_t calls_failed = 0;
+  uint64_t bytes_served = 0;  // payload bytes sent to clients
+  uint64_t bytes_read_from_disk = 0;
+  uint64_t memory_rss_bytes = 0;
+  int64_t datasets_ok = 0;
+  int64_t datasets_failed = 0;
+  uint64_t reservoir_bytes = 0;           // --reservoir-bytes (whole blocks)
+  uint64_t reservoir_bytes_in_use = 0;    // blocks held by scans and clients
+  uint64_t reservoir_bytes_reserved = 0;  // reserved by shuffled streams
+  uint64_t blocks_read = 0;               // by the shared scans
+  uint64_t bytes_delivered = 0;           // vector bytes in stream batches
+  std::vector<Scan> scans;                // active shared scans
+};
+
+/// What to stream (Stream.Stream); mirrors shardcast.v1.StreamRequest. The
+/// selection, order and partition rules are those of shardcast.proto.
+struct StreamRequest {
+  /// Which tokens of each (example, layer) are selected.
+  enum class Tokens {
+    kContent,  // patch/content tokens (not CLS)
+    kSpecial,  // the CLS token only (needs cls_token)
+    kAll,      // every token
+  };
+  /// Seeded shuffle through the daemon's shared scan, or disk order.
+  enum class Order { kShuffled, kOrdered };
+
+  std::string dataset;           // id or unique prefix (>= 8 characters)
+  std::optional<int64_t> layer;  // recorded layer value; empty = all layers
+  Tokens tokens = Tokens::kContent;
+  Order order = Order::kShuffled;
+  int64_t batch_size = 4096;  // vectors per batch, >= 1
+  uint64_t seed = 0;
+  int64_t epochs = 1;      // 0 = endless
+  int64_t rank = 0;        // this client's rank in [0, world_size)
+  int64_t world_size = 1;  // 0 or 1: no partition
+  bool drop_last = false;  // drop each epoch's last, short batch
+  // Drop content tokens whose label (labels.bin) is one of these (0-255).
+  std::vector<uint32_t> exclude_labels;
+  // From Batch::resume_token() of an interrupted stream; empty: from the
+  // start.
+  std::string resume_token;
+};
+
+namespace internal_client {
+class BatchAccess;
+}  // namespace internal_client
+
+/// One batch of a stream. The accessors are views of the received message,
+/// which the Batch owns: they stay valid until the next BatchStream::Next
+/// into this Batch, or its destruction (no copy of the payload). Reusing one
+/// Batch for a whole stream reuses its memory. Move-only; moving keeps the
+/// views valid (they move with the message), and the moved-from Batch is
+/// empty. A Batch that BatchStream::Next filled has been checked: every
+/// per-row column holds `rows()` entries (or none, where optional) and
+/// vectors() holds rows() * d_model() floats. Not thread-safe for writing;
+/// const accessors may be called from several threads.
+class Batch {
+ public:
+  /// An empty batch (0 rows, empty views), ready for BatchStream::Next.
+  Batch();
+  ~Batch();
+  Batch(Batch&& other) noexcept;
+  Batch& operator=(Batch&& other) noexcept;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  /// The epoch this batch belongs to (0-based).
+  int64_t epoch() const;
+  /// Batch number within the epoch (0-based).
+  int64_t index() const;
+  /// Vectors in this batch.
+  int64_t rows() const;
+  /// Floats per vector.
+  int64_t d_model() const;
+  /// [rows, d_model] float32, row-major.
+  absl::Span<const float> vectors() const;
+  /// [rows] example index of each row.
+  absl::Span<const int64_t> example_idx() const;
+  /// [rows] content token index of each row; -1 for the CLS token.
+  absl::Span<const int32_t> token_idx() const;
+  /// [rows] recorded layer value of each row when all layers are selected;
+  /// empty otherwise.
+  absl::Span<const int64_t> layer() const;
+  /// [rows] uint8 label of each row when the dataset has labels (255 for
+  /// CLS); empty otherwise.
+  absl::Span<const uint8_t> labels() const;
+  /// Opaque bytes: a StreamRequest with the same fields and this
+  /// resume_token continues the stream right after this batch.
+  const std::string& resume_token() const;
+
+ private:
+  friend class internal_client::BatchAccess;
+  struct Rep;                 // holds the received shardcast.v1.Batch
+  std::unique_ptr<Rep> rep_;  // null: empty batch
+};
+
+/// A server stream of batches (Stream.Stream). Not thread-safe: one reader
+/// per stream, except Cancel, which may be called from any thread. Destroying
+/// a stream that has not finished cancels it.
 class BatchStream {
  public:
   virtual ~BatchStream() = default;
-  /// Reads the next batch into `batch`; false at the end of the stream
-  /// (then call Finish for the final status).
-  virtual bool Next(v1::Batch* batch) = 0;
-  /// The stream's final status (OK after all requested epochs).
+  /// Receives the next batch into `batch` (replacing what it held, and
+  /// invalidating its views); false at the end of the stream, after which
+  /// Finish gives the final status. A batch whose field sizes do not match
+  /// its rows and d_model ends the stream: Next returns false, the stream is
+  /// cancelled, and Finish returns DATA_LOSS naming the batch (its number in
+  /// the stream, epoch and index) and the sizes.
+  virtual bool Next(Batch* batch) = 0;
+  /// The stream's final status: OK after all requested epochs, the daemon's
+  /// status code and message when it failed the stream (INVALID_ARGUMENT,
+  /// NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, ...), CANCELLED after
+  /// Cancel, DATA_LOSS for a malformed batch (see Next). Call it once Next
+  /// has returned false; called earlier, it cancels the stream first. Later
+  /// calls return the same status.
   virtual absl::Status Finish() = 0;
-  /// Asks the daemon to stop sending; Finish then reports CANCELLED.
+  /// Asks the daemon to stop sending; Next soon returns false and Finish then
+  /// reports CANCELLED (or the stream's own end, if that came first).
+  /// Thread-safe.
   virtual void Cancel() = 0;
 };
 
-/// A connection to one daemon. Thread-safe (gRPC stubs are). Every call
-/// returns the daemon's status code and message on failure.
+/// A connection to one daemon. Thread-safe: any number of threads may call
+/// its methods at once, and several streams may be open at a time. Every call
+/// returns the daemon's status code and message on failure (see
+/// shardcast.proto), or UNAVAILABLE when the daemon cannot be reached. The
+/// Client must outlive the streams it opened.
 class Client {
  public:
-  /// `address`: "unix:/path/to.sock" or "host:port". UNAVAILABLE naming the
-  /// address when it cannot connect within the timeout; errors reading the
-  /// TLS files otherwise.
+  /// Connects to `address`: "unix:/path/to.sock" or "host:port". Returns
+  /// UNAVAILABLE naming the address when it cannot connect within
+  /// options.connect_timeout_seconds; the error reading a TLS file
+  /// otherwise.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, const ClientOptions& options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
 
-  absl::StatusOr<std::vector<v1::DatasetInfo>> ListDatasets();
-  absl::StatusOr<v1::DatasetInfo> DescribeDataset(const std::string& dataset);
-  absl::StatusOr<v1::ServerStatus> GetStatus();
-  /// [N, D] vectors in the order of `coords`.
+  /// All datasets the daemon found, the rejected ones included (ok == false,
+  /// with their error).
+  absl::StatusOr<std::vector<DatasetDescription>> ListDatasets();
+  /// One dataset by id or unique prefix (>= 8 characters): NOT_FOUND when
+  /// unknown, INVALID_ARGUMENT when the prefix is short or ambiguous.
+  absl::StatusOr<DatasetDescription> DescribeDataset(
+      const std::string& dataset);
+  /// The daemon's counters and its active shared scans.
+  absl::StatusOr<DaemonStatus> GetStatus();
+  /// The vectors at `coords`, [N, D] in the order of `coords`. DATA_LOSS
+  /// when the reply's shape does not match its payload; the daemon's
+  /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or
+  /// oversized requests.
   absl::StatusOr<VectorBlock> GetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords);
-  /// [T, D] of one layer, or [L, T, D] when `layer` is empty.
+  /// All tokens of one example: [T, D] of one layer, or [L, T, D] when
+  /// `layer` is empty. DATA_LOSS when the reply's shape does not match its
+  /// payload.
   absl::StatusOr<VectorBlock> GetExample(const std::string& dataset,
                                          int64_t example,
                                          std::optional<int64_t> layer);
-  /// The example's content-token labels (uint8 each).
+  /// The example's content-token labels, one uint8 per byte. NOT_FOUND when
+  /// the dataset has no labels.
   absl::StatusOr<std::string> GetLabels(const std::string& dataset,
                                         int64_t example);
-  /// Opens a stream of batches (Stream.Stream).
-  std::unique_ptr<BatchStream> OpenStream(const v1::StreamRequest& request);
+  /// Opens a stream of batches. Never null; errors in the request (bad
+  /// layer, batch size, resume token, unknown dataset) come from
+  /// BatchStream::Finish.
+  std::unique_ptr<BatchStream> OpenStream(const StreamRequest& request);
 
  private:
-  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  struct Impl;  // the gRPC channel and stubs
+  explicit Client(std::unique_ptr<Impl> impl);
 
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Admin::Stub> admin_;
-  std::unique_ptr<v1::Query::Stub> query_;
-  std::unique_ptr<v1::Stream::Stub> stream_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace shardcast

@@ -258,17 +258,18 @@ nlohmann::json Summarise(const PhaseResult& r, const Geometry& g) {
 
 absl::StatusOr<Geometry> ResolveDataset(Client* client,
                                         const std::string& wanted) {
-  v1::DatasetInfo info;
+  DatasetDescription info;
   if (!wanted.empty()) {
-    absl::StatusOr<v1::DatasetInfo> d = client->DescribeDataset(wanted);
+    absl::StatusOr<DatasetDescription> d = client->DescribeDataset(wanted);
     if (!d.ok()) return d.status();
     info = *d;
   } else {
-    absl::StatusOr<std::vector<v1::DatasetInfo>> all = client->ListDatasets();
+    absl::StatusOr<std::vector<DatasetDescription>> all =
+        client->ListDatasets();
     if (!all.ok()) return all.status();
-    std::vector<v1::DatasetInfo> ok;
-    for (const v1::DatasetInfo& d : *all) {
-      if (d.ok()) ok.push_back(d);
+    std::vector<DatasetDescription> ok;
+    for (const DatasetDescription& d : *all) {
+      if (d.ok) ok.push_back(d);
     }
     if (ok.size() != 1) {
       return absl::InvalidArgumentError(
@@ -277,16 +278,16 @@ absl::StatusOr<Geometry> ResolveDataset(Client* client,
     }
     info = ok[0];
   }
-  if (!info.ok()) {
+  if (!info.ok) {
     return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", info.id(), " is not served: ", info.error()));
+        absl::StrCat("dataset ", info.id, " is not served: ", info.error));
   }
   Geometry g;
-  g.id = info.id();
-  g.layers.assign(info.layers().begin(), info.layers().end());
-  g.tokens = info.tokens_per_example();
-  g.d_model = info.d_model();
-  g.n_examples = info.n_examples();
+  g.id = info.id;
+  g.layers = info.layers;
+  g.tokens = info.tokens_per_example;
+  g.d_model = info.d_model;
+  g.n_examples = info.n_examples;
   if (g.layers.empty() || g.tokens < 1 || g.d_model < 1 || g.n_examples < 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", g.id, " is empty"));
@@ -336,8 +337,8 @@ int Main(int argc, char** argv) {
   if (batch < 1) return Usage("--batch must be >= 1");
   const bool malloc_keep = args->Has("malloc-keep");
   if (malloc_keep) {
-    // Client::GetVectors allocates the reply (protobuf string + vector) anew
-    // per call; above glibc's mmap/trim thresholds every call faults fresh
+    // Client::GetVectors allocates the reply (a protobuf message) anew per
+    // call; above glibc's mmap/trim thresholds every call faults fresh
     // pages in (~3.4 s/GiB on these VMs). This keeps them in the heap.
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);

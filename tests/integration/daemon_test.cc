@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -199,26 +200,25 @@ TEST_F(DaemonTest, ListsServedAndRejectedDatasets) {
   ASSERT_EQ(list->size(), 3u);
   int ok = 0;
   for (const auto& d : *list) {
-    if (d.id() == main_id_) {
+    if (d.id == main_id_) {
       ++ok;
-      EXPECT_TRUE(d.ok());
-      EXPECT_EQ(d.tokens_per_example(), 17);
-      EXPECT_EQ(d.d_model(), 32);
-      EXPECT_EQ(d.n_examples(), 40);
-      EXPECT_EQ(d.examples_per_shard(), 700 / (17 * 2));
-      EXPECT_EQ(d.num_shards(), 2);
-      EXPECT_TRUE(d.has_labels());
-      EXPECT_TRUE(d.hash_matches_dir());
-    } else if (d.id() == "badbadbad") {
-      EXPECT_FALSE(d.ok());
-      EXPECT_NE(d.error().find("metadata.json"), std::string::npos)
-          << d.error();
+      EXPECT_TRUE(d.ok);
+      EXPECT_EQ(d.tokens_per_example, 17);
+      EXPECT_EQ(d.d_model, 32);
+      EXPECT_EQ(d.n_examples, 40);
+      EXPECT_EQ(d.examples_per_shard, 700 / (17 * 2));
+      EXPECT_EQ(d.num_shards, 2);
+      EXPECT_TRUE(d.has_labels);
+      EXPECT_TRUE(d.hash_matches_dir);
+    } else if (d.id == "badbadbad") {
+      EXPECT_FALSE(d.ok);
+      EXPECT_NE(d.error.find("metadata.json"), std::string::npos) << d.error;
     }
   }
   EXPECT_EQ(ok, 1);
   auto described = client->DescribeDataset(main_id_.substr(0, 10));
   ASSERT_TRUE(described.ok()) << described.status();
-  EXPECT_EQ(described->id(), main_id_);
+  EXPECT_EQ(described->id, main_id_);
 }
 
 TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
@@ -268,6 +268,124 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
   }
 }
 
+TEST_F(DaemonTest, VectorBlockViewsStayValidWhileAnyCopyLives) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::optional<VectorBlock> original;
+  {
+    auto block = client->GetVectors(main_id_, {{7, 6, 3}, {38, -2, 0}});
+    ASSERT_TRUE(block.ok()) << block.status();
+    original = std::move(*block);
+  }
+  ASSERT_EQ(original->shape, (std::vector<int64_t>{2, 32}));
+  ASSERT_EQ(original->values.size(), 2u * 32);
+  // A copy shares the reply: the same floats, no copy of them.
+  VectorBlock copy = *original;
+  EXPECT_EQ(copy.values.data(), original->values.data());
+  EXPECT_EQ(copy.storage, original->storage);
+  EXPECT_EQ(copy.storage.use_count(), 2);
+  original.reset();
+  EXPECT_EQ(copy.storage.use_count(), 1);
+  // More replies (allocations) after the original is gone, then the client
+  // itself: the copy's view stays valid.
+  auto other = client->GetExample(main_id_, 0, std::nullopt);
+  ASSERT_TRUE(other.ok()) << other.status();
+  client.reset();
+  other = VectorBlock();
+  const auto check = [&](const VectorBlock& block) {
+    ASSERT_EQ(block.shape, (std::vector<int64_t>{2, 32}));
+    ASSERT_EQ(block.values.size(), 2u * 32);
+    for (int64_t k = 0; k < 32; ++k) {
+      EXPECT_EQ(block.values[static_cast<size_t>(k)], Expected(7, 1, 3, k));
+      EXPECT_EQ(block.values[static_cast<size_t>(32 + k)],
+                Expected(38, 0, 0, k));
+    }
+  };
+  check(copy);
+  // Moving a block moves the view and the storage with it.
+  const float* data = copy.values.data();
+  VectorBlock moved = std::move(copy);
+  EXPECT_EQ(moved.values.data(), data);
+  EXPECT_EQ(moved.storage.use_count(), 1);
+  check(moved);
+}
+
+// ReadStream checks the views' sizes and values in every stream test; these
+// two check what it does not see.
+TEST_F(DaemonTest, BatchViewsStayValidWhenTheBatchMoves) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Moving a batch keeps its views valid and leaves an empty batch that the
+  // stream can fill again.
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.layer = 6;
+  req.batch_size = 48;
+  req.order = StreamRequest::Order::kOrdered;
+  auto stream = client->OpenStream(req);
+  Batch first;
+  ASSERT_TRUE(stream->Next(&first));
+  ASSERT_EQ(first.rows(), 48);
+  EXPECT_TRUE(first.layer().empty());
+  EXPECT_EQ(first.labels().size(), 48u);
+  const float* data = first.vectors().data();
+  Batch moved = std::move(first);
+  EXPECT_EQ(moved.vectors().data(), data);
+  EXPECT_EQ(first.rows(), 0);  // NOLINT(bugprone-use-after-move): documented
+  EXPECT_TRUE(first.vectors().empty());
+  EXPECT_TRUE(first.resume_token().empty());
+  ASSERT_TRUE(stream->Next(&first));
+  EXPECT_EQ(first.index(), 1);
+  EXPECT_EQ(moved.index(), 0);
+  for (size_t i = 0; i < 48; ++i) {
+    const int64_t e = moved.example_idx()[i];
+    const int32_t t = moved.token_idx()[i];
+    ASSERT_EQ(moved.vectors()[i * 32 + 31], Expected(e, 1, t + 1, 31));
+  }
+  stream->Cancel();
+  while (stream->Next(&first)) {
+  }
+  stream->Finish().IgnoreError();
+}
+
+TEST_F(DaemonTest, BatchesOfADatasetWithoutLabelsHaveNoLabelsColumn) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  StreamRequest plain;
+  plain.dataset = nolabels_id_;
+  plain.order = StreamRequest::Order::kOrdered;
+  plain.batch_size = 7;
+  auto stream = client->OpenStream(plain);
+  int64_t rows = 0;
+  Batch b;
+  while (stream->Next(&b)) {
+    const size_t n = static_cast<size_t>(b.rows());
+    ASSERT_EQ(b.d_model(), 16);
+    ASSERT_EQ(b.vectors().size(), n * 16);
+    ASSERT_EQ(b.example_idx().size(), n);
+    ASSERT_EQ(b.token_idx().size(), n);
+    ASSERT_EQ(b.layer().size(), n);  // all layers selected: its one layer
+    for (int64_t layer : b.layer()) EXPECT_EQ(layer, 3);
+    EXPECT_TRUE(b.labels().empty());
+    for (size_t i = 0; i < n; ++i) {
+      // [N, L = 1, T = 8, D = 16], no CLS, written with seed kSeed + 1.
+      const int64_t e = b.example_idx()[i];
+      const int32_t t = b.token_idx()[i];
+      ASSERT_EQ(
+          b.vectors()[i * 16 + 3],
+          SynthValue(kSeed + 1, static_cast<uint64_t>((e * 8 + t) * 16 + 3)))
+          << "example " << e << " token " << t;
+    }
+    rows += b.rows();
+  }
+  absl::Status st = stream->Finish();
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(rows, 10 * 8);
+}
+
 TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
   // 16 vectors or 1024 bytes (8 vectors of 32 floats) per call at most.
   daemon_ = StartDaemon(
@@ -310,7 +428,7 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
       << bad_layer.status();
   auto status = client->GetStatus();
   ASSERT_TRUE(status.ok());
-  EXPECT_GE(status->calls_failed(), 8u);
+  EXPECT_GE(status->calls_failed, 8u);
 }
 
 TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
@@ -526,25 +644,44 @@ TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
   EXPECT_NE(mtls.WaitExit(std::chrono::seconds(10)), -1);
 }
 
-// Reads a whole stream; returns (example, content token, layer) per row and
-// checks every vector against the generator.
+// Reads a whole stream of the main dataset; returns (example, content token,
+// layer) per row and checks every vector and label against the generator.
+// Every batch's views must hold one entry per row (the layer column only when
+// all layers are selected).
 std::vector<std::tuple<int64_t, int32_t, int64_t>> ReadStream(
-    Client* client, const v1::StreamRequest& req, absl::Status* final_status) {
+    Client* client, const StreamRequest& req, absl::Status* final_status) {
   std::vector<std::tuple<int64_t, int32_t, int64_t>> rows;
   auto stream = client->OpenStream(req);
-  v1::Batch b;
+  Batch b;
   while (stream->Next(&b)) {
+    const size_t n = static_cast<size_t>(b.rows());
+    const bool sizes_ok = b.d_model() == 32 && b.vectors().size() == n * 32 &&
+                          b.example_idx().size() == n &&
+                          b.token_idx().size() == n &&
+                          b.layer().size() == (req.layer.has_value() ? 0 : n) &&
+                          b.labels().size() == n;
+    EXPECT_TRUE(sizes_ok) << "batch " << b.epoch() << "/" << b.index() << ": "
+                          << n << " rows, d_model " << b.d_model() << ", "
+                          << b.vectors().size() << " floats, "
+                          << b.example_idx().size() << " example_idx, "
+                          << b.token_idx().size() << " token_idx, "
+                          << b.layer().size() << " layer, " << b.labels().size()
+                          << " labels";
+    if (!sizes_ok) break;
     for (int64_t i = 0; i < b.rows(); ++i) {
-      int64_t e, layer = req.has_layer() ? req.layer() : 0;
-      int32_t t;
-      std::memcpy(&e, b.example_idx().data() + i * 8, 8);
-      std::memcpy(&t, b.token_idx().data() + i * 4, 4);
-      if (!b.layer().empty()) std::memcpy(&layer, b.layer().data() + i * 8, 8);
+      const size_t r = static_cast<size_t>(i);
+      const int64_t e = b.example_idx()[r];
+      const int32_t t = b.token_idx()[r];
+      const int64_t layer =
+          !b.layer().empty() ? b.layer()[r] : req.layer.value_or(0);
       const int64_t li = layer == -2 ? 0 : 1;
-      float v;
-      std::memcpy(&v, b.vectors().data() + (i * 32 + 5) * 4, 4);
+      const float v = b.vectors()[r * 32 + 5];
       EXPECT_EQ(v, SynthValue(kSeed, static_cast<uint64_t>(
                                          ((e * 2 + li) * 17 + t + 1) * 32 + 5)))
+          << "example " << e << " token " << t;
+      EXPECT_EQ(
+          b.labels()[r],
+          t < 0 ? 255 : SynthLabel(kSeed, static_cast<uint64_t>(e * 16 + t)))
           << "example " << e << " token " << t;
       rows.emplace_back(e, t, layer);
     }
@@ -557,12 +694,12 @@ TEST_F(DaemonTest, OrderedStreamDeliversEveryVectorOnceInDiskOrder) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  v1::StreamRequest req;
-  req.set_dataset(main_id_);
-  req.set_order(v1::ORDER_ORDERED);
-  req.set_tokens(v1::TOKENS_ALL);
-  req.set_batch_size(100);
-  req.set_epochs(1);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.order = StreamRequest::Order::kOrdered;
+  req.tokens = StreamRequest::Tokens::kAll;
+  req.batch_size = 100;
+  req.epochs = 1;
   absl::Status st;
   auto rows = ReadStream(client.get(), req, &st);
   ASSERT_TRUE(st.ok()) << st;
@@ -584,14 +721,14 @@ TEST_F(DaemonTest, FourRanksStreamingTogetherCoverTheSelectionOnce) {
     threads.emplace_back([&, rank] {
       auto client = Client::Connect("unix:" + socket_);
       ASSERT_TRUE(client.ok());
-      v1::StreamRequest req;
-      req.set_dataset(main_id_);
-      req.set_order(v1::ORDER_ORDERED);
-      req.set_layer(6);
-      req.set_batch_size(33);
-      req.set_epochs(1);
-      req.set_rank(rank);
-      req.set_world_size(4);
+      StreamRequest req;
+      req.dataset = main_id_;
+      req.order = StreamRequest::Order::kOrdered;
+      req.layer = 6;
+      req.batch_size = 33;
+      req.epochs = 1;
+      req.rank = rank;
+      req.world_size = 4;
       parts[static_cast<size_t>(rank)] =
           ReadStream(client->get(), req, &status[static_cast<size_t>(rank)]);
     });
@@ -615,13 +752,13 @@ TEST_F(DaemonTest, ClientLeavingMidStreamFreesItsCallAndOthersContinue) {
   auto quitter = Connect();
   auto stayer = Connect();
   ASSERT_NE(quitter, nullptr);
-  v1::StreamRequest req;
-  req.set_dataset(main_id_);
-  req.set_order(v1::ORDER_ORDERED);
-  req.set_batch_size(10);
-  req.set_epochs(0);  // endless: only cancelling ends it
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.order = StreamRequest::Order::kOrdered;
+  req.batch_size = 10;
+  req.epochs = 0;  // endless: only cancelling ends it
   auto endless = quitter->OpenStream(req);
-  v1::Batch b;
+  Batch b;
   ASSERT_TRUE(endless->Next(&b));
   ASSERT_TRUE(endless->Next(&b));
   endless->Cancel();
@@ -633,12 +770,12 @@ TEST_F(DaemonTest, ClientLeavingMidStreamFreesItsCallAndOthersContinue) {
   for (int i = 0; i < 200; ++i) {
     auto status = stayer->GetStatus();
     ASSERT_TRUE(status.ok());
-    in_flight = status->connected_clients();
+    in_flight = status->connected_clients;
     if (in_flight == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(in_flight, 0);
-  req.set_epochs(1);
+  req.epochs = 1;
   absl::Status st;
   EXPECT_EQ(ReadStream(stayer.get(), req, &st).size(), 2u * 40 * 16);
   EXPECT_TRUE(st.ok()) << st;
@@ -648,21 +785,21 @@ TEST_F(DaemonTest, StreamRequestErrorsHaveTheirCodes) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  v1::StreamRequest req;
-  req.set_dataset(main_id_);
-  req.set_batch_size(10);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.batch_size = 10;
   absl::Status st;
-  req.set_order(v1::ORDER_SHUFFLED);
-  req.set_resume_token("not a token");
+  req.order = StreamRequest::Order::kShuffled;
+  req.resume_token = "not a token";
   ReadStream(client.get(), req, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  req.clear_resume_token();
-  req.set_order(v1::ORDER_ORDERED);
-  req.set_batch_size(0);
+  req.resume_token.clear();
+  req.order = StreamRequest::Order::kOrdered;
+  req.batch_size = 0;
   ReadStream(client.get(), req, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  req.set_batch_size(10);
-  req.set_dataset("nosuchdataset");
+  req.batch_size = 10;
+  req.dataset = "nosuchdataset";
   ReadStream(client.get(), req, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
 }
@@ -706,12 +843,12 @@ TEST_F(DaemonTest, ShuffledStreamIsAPermutationAndResumesWhereItStopped) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  v1::StreamRequest req;
-  req.set_dataset(main_id_);
-  req.set_order(v1::ORDER_SHUFFLED);
-  req.set_seed(1234);
-  req.set_batch_size(50);
-  req.set_epochs(1);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.order = StreamRequest::Order::kShuffled;
+  req.seed = 1234;
+  req.batch_size = 50;
+  req.epochs = 1;
   absl::Status st;
   auto whole = ReadStream(client.get(), req, &st);  // checks every vector
   ASSERT_TRUE(st.ok()) << st;
@@ -725,26 +862,21 @@ TEST_F(DaemonTest, ShuffledStreamIsAPermutationAndResumesWhereItStopped) {
   // Interrupt after 5 batches, resume with the last token: the rest of the
   // epoch, nothing repeated, nothing skipped.
   auto stream = client->OpenStream(req);
-  v1::Batch b;
+  Batch b;
   std::string token;
   std::vector<std::tuple<int64_t, int32_t, int64_t>> rows;
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(stream->Next(&b));
     token = b.resume_token();
-    for (int64_t r = 0; r < b.rows(); ++r) {
-      int64_t e, layer;
-      int32_t t;
-      std::memcpy(&e, b.example_idx().data() + r * 8, 8);
-      std::memcpy(&t, b.token_idx().data() + r * 4, 4);
-      std::memcpy(&layer, b.layer().data() + r * 8, 8);
-      rows.emplace_back(e, t, layer);
+    for (size_t r = 0; r < static_cast<size_t>(b.rows()); ++r) {
+      rows.emplace_back(b.example_idx()[r], b.token_idx()[r], b.layer()[r]);
     }
   }
   stream->Cancel();
   while (stream->Next(&b)) {
   }
   stream->Finish().IgnoreError();
-  req.set_resume_token(token);
+  req.resume_token = token;
   auto rest = ReadStream(client.get(), req, &st);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(rest.size(), whole.size() - 250);
@@ -759,24 +891,24 @@ TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
   daemon_ = StartDaemon({"--scan-start-delay-ms", "30000"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  v1::StreamRequest req;
-  req.set_dataset(main_id_);
-  req.set_order(v1::ORDER_SHUFFLED);
-  req.set_batch_size(10);
-  req.set_epochs(0);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.order = StreamRequest::Order::kShuffled;
+  req.batch_size = 10;
+  req.epochs = 0;
   const auto start = std::chrono::steady_clock::now();
   auto stream = client->OpenStream(req);
-  absl::StatusOr<v1::ServerStatus> status;
+  absl::StatusOr<DaemonStatus> status;
   for (int i = 0; i < 1000; ++i) {  // until the stream has joined its scan
     status = client->GetStatus();
     ASSERT_TRUE(status.ok());
-    if (status->scans_size() == 1) break;
+    if (status->scans.size() == 1u) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(status->scans_size(), 1);
-  EXPECT_GT(status->reservoir_bytes_reserved(), 0u);
+  ASSERT_EQ(status->scans.size(), 1u);
+  EXPECT_GT(status->reservoir_bytes_reserved, 0u);
   stream->Cancel();
-  v1::Batch b;
+  Batch b;
   EXPECT_FALSE(stream->Next(&b)) << "a batch before the gather delay ended";
   EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20))
@@ -784,12 +916,12 @@ TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
   for (int i = 0; i < 200; ++i) {
     status = client->GetStatus();
     ASSERT_TRUE(status.ok());
-    if (status->scans_size() == 0 && status->connected_clients() == 0) break;
+    if (status->scans.empty() && status->connected_clients == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(status->scans_size(), 0);
-  EXPECT_EQ(status->connected_clients(), 0);
-  EXPECT_EQ(status->reservoir_bytes_reserved(), 0u);
+  EXPECT_EQ(status->scans.size(), 0u);
+  EXPECT_EQ(status->connected_clients, 0);
+  EXPECT_EQ(status->reservoir_bytes_reserved, 0u);
 }
 
 }  // namespace

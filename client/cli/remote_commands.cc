@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/cli/commands.h"
+#include "client/cli/stream_check_internal.h"
 #include "client/client.h"
-#include "client/commands.h"
-#include "client/stream_check_internal.h"
 #include "common/file.h"
 #include "common/pyjson.h"
 #include "common/status.h"
@@ -32,26 +32,25 @@ absl::StatusOr<std::unique_ptr<Client>> Connect() {
   return Client::Connect(g_address, g_options);
 }
 
-OrderedJson InfoJson(const v1::DatasetInfo& d) {
+OrderedJson InfoJson(const DatasetDescription& d) {
   OrderedJson j;
-  j["id"] = d.id();
-  j["ok"] = d.ok();
-  if (!d.ok()) j["error"] = d.error();
-  j["protocol"] = d.protocol();
-  j["variant"] = d.variant();
-  j["hash_matches_dir"] = d.hash_matches_dir();
-  j["layers"] = std::vector<int64_t>(d.layers().begin(), d.layers().end());
-  j["content_tokens"] = d.content_tokens();
-  j["cls_token"] = d.cls_token();
-  j["tokens_per_example"] = d.tokens_per_example();
-  j["d_model"] = d.d_model();
-  j["n_examples"] = d.n_examples();
-  j["examples_per_shard"] = d.examples_per_shard();
-  j["num_shards"] = d.num_shards();
-  j["bytes"] = d.bytes();
-  j["has_labels"] = d.has_labels();
-  j["warnings"] =
-      std::vector<std::string>(d.warnings().begin(), d.warnings().end());
+  j["id"] = d.id;
+  j["ok"] = d.ok;
+  if (!d.ok) j["error"] = d.error;
+  j["protocol"] = d.protocol;
+  j["variant"] = d.variant;
+  j["hash_matches_dir"] = d.hash_matches_dir;
+  j["layers"] = d.layers;
+  j["content_tokens"] = d.content_tokens;
+  j["cls_token"] = d.cls_token;
+  j["tokens_per_example"] = d.tokens_per_example;
+  j["d_model"] = d.d_model;
+  j["n_examples"] = d.n_examples;
+  j["examples_per_shard"] = d.examples_per_shard;
+  j["num_shards"] = d.num_shards;
+  j["bytes"] = d.bytes;
+  j["has_labels"] = d.has_labels;
+  j["warnings"] = d.warnings;
   return j;
 }
 
@@ -68,15 +67,16 @@ int RunLs(const Args& args) {
     return kExitOk;
   }
   for (const auto& d : *list) {
-    if (d.ok()) {
+    if (d.ok) {
       std::printf("%-66s %-8s %8lld examples  L=%d T=%lld D=%lld  %.1f MiB\n",
-                  d.id().c_str(), d.variant().c_str(),
-                  static_cast<long long>(d.n_examples()), d.layers_size(),
-                  static_cast<long long>(d.tokens_per_example()),
-                  static_cast<long long>(d.d_model()),
-                  static_cast<double>(d.bytes()) / (1 << 20));
+                  d.id.c_str(), d.variant.c_str(),
+                  static_cast<long long>(d.n_examples),
+                  static_cast<int>(d.layers.size()),
+                  static_cast<long long>(d.tokens_per_example),
+                  static_cast<long long>(d.d_model),
+                  static_cast<double>(d.bytes) / (1 << 20));
     } else {
-      std::printf("%-66s REJECTED: %s\n", d.id().c_str(), d.error().c_str());
+      std::printf("%-66s REJECTED: %s\n", d.id.c_str(), d.error.c_str());
     }
   }
   return kExitOk;
@@ -165,9 +165,9 @@ absl::Status WriteResumeToken(const std::string& path,
 
 // Builds the StreamRequest from `stream`'s options; a usage message
 // otherwise.
-absl::StatusOr<v1::StreamRequest> StreamRequestFromArgs(const Args& args) {
-  v1::StreamRequest req;
-  req.set_dataset(args.positional()[0]);
+absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
+  StreamRequest req;
+  req.dataset = args.positional()[0];
   auto batch = args.GetInt("batch-size", 4096);
   auto epochs = args.GetInt("epochs", 1);
   auto rank = args.GetInt("rank", 0);
@@ -187,17 +187,17 @@ absl::StatusOr<v1::StreamRequest> StreamRequestFromArgs(const Args& args) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--exclude-labels: ", l, " is not a uint8 label (0-255)"));
       }
-      req.add_exclude_labels(static_cast<uint32_t>(l));
+      req.exclude_labels.push_back(static_cast<uint32_t>(l));
     }
   }
-  if (args.Has("layer")) req.set_layer(*layer);
+  if (args.Has("layer")) req.layer = *layer;
   const std::string tokens = args.Get("tokens", "content");
   if (tokens == "content") {
-    req.set_tokens(v1::TOKENS_CONTENT);
+    req.tokens = StreamRequest::Tokens::kContent;
   } else if (tokens == "special") {
-    req.set_tokens(v1::TOKENS_SPECIAL);
+    req.tokens = StreamRequest::Tokens::kSpecial;
   } else if (tokens == "all") {
-    req.set_tokens(v1::TOKENS_ALL);
+    req.tokens = StreamRequest::Tokens::kAll;
   } else {
     return absl::InvalidArgumentError("--tokens takes content, special or all");
   }
@@ -205,13 +205,14 @@ absl::StatusOr<v1::StreamRequest> StreamRequestFromArgs(const Args& args) {
   if (order != "ordered" && order != "shuffled") {
     return absl::InvalidArgumentError("--order takes ordered or shuffled");
   }
-  req.set_order(order == "ordered" ? v1::ORDER_ORDERED : v1::ORDER_SHUFFLED);
-  req.set_batch_size(*batch);
-  req.set_epochs(*epochs);
-  req.set_rank(*rank);
-  req.set_world_size(*world);
-  req.set_seed(static_cast<uint64_t>(*seed));
-  req.set_drop_last(args.Has("drop-last"));
+  req.order = order == "ordered" ? StreamRequest::Order::kOrdered
+                                 : StreamRequest::Order::kShuffled;
+  req.batch_size = *batch;
+  req.epochs = *epochs;
+  req.rank = *rank;
+  req.world_size = *world;
+  req.seed = static_cast<uint64_t>(*seed);
+  req.drop_last = args.Has("drop-last");
   return req;
 }
 
@@ -221,7 +222,7 @@ int RunStream(const Args& args) {
     std::fprintf(stderr, "shardcast stream: expected one dataset ID\n");
     return kExitUsage;
   }
-  absl::StatusOr<v1::StreamRequest> parsed = StreamRequestFromArgs(args);
+  absl::StatusOr<StreamRequest> parsed = StreamRequestFromArgs(args);
   auto max_batches = args.GetInt("max-batches", 0);
   if (parsed.ok() && !max_batches.ok()) parsed = max_batches.status();
   if (parsed.ok() && args.Has("max-batches") && *max_batches < 1) {
@@ -232,11 +233,11 @@ int RunStream(const Args& args) {
                  std::string(parsed.status().message()).c_str());
     return kExitUsage;
   }
-  v1::StreamRequest& req = *parsed;
+  StreamRequest& req = *parsed;
   if (args.Has("resume-token-in")) {
     auto token = ReadResumeToken(args.Get("resume-token-in"));
     if (!token.ok()) return Fail(cmd, std::string(token.status().message()));
-    req.set_resume_token(std::move(*token));
+    req.resume_token = std::move(*token);
   }
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
@@ -245,7 +246,7 @@ int RunStream(const Args& args) {
   if (check) {
     // The expected selection comes from the dataset's description and the
     // protocol's rules, not from the stream itself.
-    auto info = (*client)->DescribeDataset(req.dataset());
+    auto info = (*client)->DescribeDataset(req.dataset);
     if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
     auto created = StreamChecker::Create(client->get(), req, *info);
     if (!created.ok()) {
@@ -278,28 +279,15 @@ int RunStream(const Args& args) {
   uint64_t bytes = 0;
   std::string last_token;
   bool stopped = false;  // by --max-batches
-  std::string malformed;
   const auto start = absl::Now();
+  // A malformed batch ends the stream with DATA_LOSS from Finish.
   auto stream = (*client)->OpenStream(req);
-  v1::Batch b;
+  Batch b;
   while (stream->Next(&b)) {
     ++batches;
     vectors += b.rows();
-    bytes += b.vectors().size();
+    bytes += b.vectors().size() * sizeof(float);
     last_token = b.resume_token();
-    if (b.rows() < 0 || b.d_model() < 0 ||
-        static_cast<int64_t>(b.vectors().size()) !=
-            b.rows() * b.d_model() * 4 ||
-        static_cast<int64_t>(b.example_idx().size()) != b.rows() * 8 ||
-        static_cast<int64_t>(b.token_idx().size()) != b.rows() * 4) {
-      malformed = absl::StrCat(
-          "batch ", batches, " (epoch ", b.epoch(), ", index ", b.index(),
-          ") is malformed: ", b.rows(), " rows, d_model ", b.d_model(), ", ",
-          b.vectors().size(), " vector bytes, ", b.example_idx().size(),
-          " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
-      stream->Cancel();
-      break;
-    }
     if (checker) checker->AddBatch(b);
     if (*max_batches > 0 && batches >= *max_batches) {
       stopped = true;
@@ -307,7 +295,7 @@ int RunStream(const Args& args) {
       break;
     }
   }
-  if (stopped || !malformed.empty()) {
+  if (stopped) {
     while (stream->Next(&b)) {
     }
   }
@@ -325,7 +313,6 @@ int RunStream(const Args& args) {
       return Fail(cmd, std::string(w.message()));
     }
   }
-  if (!malformed.empty()) return Fail(cmd, malformed);
   if (!st.ok()) return Fail(cmd, std::string(st.message()));
   OrderedJson j;
   j["batches"] = batches;
@@ -389,43 +376,43 @@ int RunStatus(const Args& args) {
   auto s = (*client)->GetStatus();
   if (!s.ok()) return Fail(cmd, std::string(s.status().message()));
   OrderedJson j;
-  j["version"] = s->version();
-  j["uptime_seconds"] = s->uptime_seconds();
-  j["connected_clients"] = s->connected_clients();
-  j["calls_total"] = s->calls_total();
-  j["calls_failed"] = s->calls_failed();
-  j["bytes_served"] = s->bytes_served();
-  j["bytes_read_from_disk"] = s->bytes_read_from_disk();
-  j["memory_rss_bytes"] = s->memory_rss_bytes();
-  j["datasets_ok"] = s->datasets_ok();
-  j["datasets_failed"] = s->datasets_failed();
-  j["reservoir_bytes"] = s->reservoir_bytes();
-  j["reservoir_bytes_in_use"] = s->reservoir_bytes_in_use();
-  j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved();
-  j["blocks_read"] = s->blocks_read();
-  j["bytes_delivered"] = s->bytes_delivered();
+  j["version"] = s->version;
+  j["uptime_seconds"] = s->uptime_seconds;
+  j["connected_clients"] = s->connected_clients;
+  j["calls_total"] = s->calls_total;
+  j["calls_failed"] = s->calls_failed;
+  j["bytes_served"] = s->bytes_served;
+  j["bytes_read_from_disk"] = s->bytes_read_from_disk;
+  j["memory_rss_bytes"] = s->memory_rss_bytes;
+  j["datasets_ok"] = s->datasets_ok;
+  j["datasets_failed"] = s->datasets_failed;
+  j["reservoir_bytes"] = s->reservoir_bytes;
+  j["reservoir_bytes_in_use"] = s->reservoir_bytes_in_use;
+  j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved;
+  j["blocks_read"] = s->blocks_read;
+  j["bytes_delivered"] = s->bytes_delivered;
   OrderedJson scans = OrderedJson::array();
-  for (const v1::ScanStatus& scan : s->scans()) {
+  for (const DaemonStatus::Scan& scan : s->scans) {
     OrderedJson sj;
-    sj["dataset"] = scan.dataset();
-    sj["selection"] = scan.selection();
-    sj["blocks"] = scan.blocks();
-    sj["cycle"] = scan.cycle();
-    sj["position"] = scan.position();
-    sj["blocks_read"] = scan.blocks_read();
-    sj["bytes_read"] = scan.bytes_read();
+    sj["dataset"] = scan.dataset;
+    sj["selection"] = scan.selection;
+    sj["blocks"] = scan.blocks;
+    sj["cycle"] = scan.cycle;
+    sj["position"] = scan.position;
+    sj["blocks_read"] = scan.blocks_read;
+    sj["bytes_read"] = scan.bytes_read;
     OrderedJson clients = OrderedJson::array();
-    for (const v1::ScanClient& c : scan.clients()) {
+    for (const DaemonStatus::Scan::Client& c : scan.clients) {
       OrderedJson cj;
-      cj["peer"] = c.peer();
-      cj["rank"] = c.rank();
-      cj["world_size"] = c.world_size();
-      cj["epoch"] = c.epoch();
-      cj["lag_blocks"] = c.lag_blocks();
-      cj["blocks_needed"] = c.blocks_needed();
-      cj["blocks_delivered"] = c.blocks_delivered();
-      cj["blocks_skipped"] = c.blocks_skipped();
-      cj["bytes_delivered"] = c.bytes_delivered();
+      cj["peer"] = c.peer;
+      cj["rank"] = c.rank;
+      cj["world_size"] = c.world_size;
+      cj["epoch"] = c.epoch;
+      cj["lag_blocks"] = c.lag_blocks;
+      cj["blocks_needed"] = c.blocks_needed;
+      cj["blocks_delivered"] = c.blocks_delivered;
+      cj["blocks_skipped"] = c.blocks_skipped;
+      cj["bytes_delivered"] = c.bytes_delivered;
       clients.push_back(cj);
     }
     sj["clients"] = clients;

@@ -1,7 +1,7 @@
 // Progress line for long CLI work, on stderr: redrawn in place on a
 // terminal, one line every few seconds otherwise (logs, CI).
-#ifndef SHARDCAST_CLIENT_PROGRESS_H_
-#define SHARDCAST_CLIENT_PROGRESS_H_
+#ifndef SHARDCAST_CLIENT_CLI_PROGRESS_H_
+#define SHARDCAST_CLIENT_CLI_PROGRESS_H_
 
 #include <chrono>
 #include <cstdint>
@@ -35,4 +35,4 @@ class Progress {
 
 }  // namespace shardcast
 
-#endif  // SHARDCAST_CLIENT_PROGRESS_H_
+#endif  // SHARDCAST_CLIENT_CLI_PROGRESS_H_

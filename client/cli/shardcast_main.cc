@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "client/cli/commands.h"
 #include "client/client.h"
-#include "client/commands.h"
 
 namespace shardcast {
 namespace {

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/progress.h"
-#include "client/stream_check_internal.h"
+#include "client/cli/progress.h"
+#include "client/cli/stream_check_internal.h"
 
 namespace shardcast {
 namespace {
@@ -20,34 +20,26 @@ constexpr int64_t kMaxCheckedVectors = int64_t{1} << 34;
 // Bytes of sampled vectors compared per GetVectors call.
 constexpr int64_t kSampleBytesPerCall = 8 << 20;
 
-template <typename T>
-T At(const std::string& column, int64_t i) {
-  T v;
-  std::memcpy(&v, column.data() + i * static_cast<int64_t>(sizeof(T)),
-              sizeof(T));
-  return v;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StreamChecker>> StreamChecker::Create(
-    Client* client, const v1::StreamRequest& request,
-    const v1::DatasetInfo& info) {
+    Client* client, const StreamRequest& request,
+    const DatasetDescription& info) {
   std::unique_ptr<StreamChecker> c(new StreamChecker());
   c->client_ = client;
-  c->dataset_ = info.id();
-  c->n_examples_ = info.n_examples();
-  c->d_model_ = info.d_model();
-  c->tokens_per_example_ = info.tokens_per_example();
-  c->content_tokens_ = info.content_tokens();
-  c->cls_ = info.cls_token() ? 1 : 0;
-  c->layers_.assign(info.layers().begin(), info.layers().end());
+  c->dataset_ = info.id;
+  c->n_examples_ = info.n_examples;
+  c->d_model_ = info.d_model;
+  c->tokens_per_example_ = info.tokens_per_example;
+  c->content_tokens_ = info.content_tokens;
+  c->cls_ = info.cls_token ? 1 : 0;
+  c->layers_ = info.layers;
   const int64_t num_layers = static_cast<int64_t>(c->layers_.size());
 
   // The selection, from the rules of shardcast.proto (not from the daemon).
   bool selectable = true;
-  if (request.has_layer()) {
-    auto it = std::find(c->layers_.begin(), c->layers_.end(), request.layer());
+  if (request.layer.has_value()) {
+    auto it = std::find(c->layers_.begin(), c->layers_.end(), *request.layer);
     selectable = it != c->layers_.end();
     c->layer_index_ = selectable ? it - c->layers_.begin() : -2;
     c->num_rows_ = selectable ? c->n_examples_ : 0;
@@ -55,16 +47,16 @@ absl::StatusOr<std::unique_ptr<StreamChecker>> StreamChecker::Create(
     c->layer_index_ = -1;
     c->num_rows_ = c->n_examples_ * num_layers;
   }
-  switch (request.tokens()) {
-    case v1::TOKENS_SPECIAL:
+  switch (request.tokens) {
+    case StreamRequest::Tokens::kSpecial:
       c->token_begin_ = 0;
       c->k_ = c->cls_;  // no CLS: nothing is selectable
       break;
-    case v1::TOKENS_ALL:
+    case StreamRequest::Tokens::kAll:
       c->token_begin_ = 0;
       c->k_ = c->tokens_per_example_;
       break;
-    default:
+    case StreamRequest::Tokens::kContent:
       c->token_begin_ = c->cls_;
       c->k_ = c->content_tokens_;
       break;
@@ -75,17 +67,17 @@ absl::StatusOr<std::unique_ptr<StreamChecker>> StreamChecker::Create(
         "--check keeps one bit per selected vector; this selection has ",
         c->num_vectors_, " vectors (limit ", kMaxCheckedVectors, ")"));
   }
-  c->shuffled_ = request.order() != v1::ORDER_ORDERED;
-  c->world_size_ = std::max<int64_t>(1, request.world_size());
-  c->rank_ = request.rank();
+  c->shuffled_ = request.order != StreamRequest::Order::kOrdered;
+  c->world_size_ = std::max<int64_t>(1, request.world_size);
+  c->rank_ = request.rank;
   const __int128 v = c->num_vectors_;
   c->lo_ = static_cast<int64_t>(v * c->rank_ / c->world_size_);
   c->hi_ = static_cast<int64_t>(v * (c->rank_ + 1) / c->world_size_);
-  c->batch_size_ = std::max<int64_t>(1, request.batch_size());
-  c->drop_last_ = request.drop_last();
-  c->epochs_ = request.epochs();
-  c->resumed_ = !request.resume_token().empty();
-  for (uint32_t l : request.exclude_labels()) {
+  c->batch_size_ = std::max<int64_t>(1, request.batch_size);
+  c->drop_last_ = request.drop_last;
+  c->epochs_ = request.epochs;
+  c->resumed_ = !request.resume_token.empty();
+  for (uint32_t l : request.exclude_labels) {
     if (l < 256) c->exclude_[l] = true;
     c->filter_ = true;
   }
@@ -185,7 +177,7 @@ void StreamChecker::CloseEpoch(bool ended) {
   }
 }
 
-void StreamChecker::AddBatch(const v1::Batch& b) {
+void StreamChecker::AddBatch(const Batch& b) {
   ++batches_;
   const int64_t epoch = b.epoch();
   if (epochs_ > 0 && epoch >= epochs_) {
@@ -244,33 +236,28 @@ void StreamChecker::AddBatch(const v1::Batch& b) {
     Problem(absl::StrCat("epoch ", epoch, " batch ", b.index(), ": d_model ",
                          b.d_model(), ", the dataset has ", d_model_));
   }
+  // The stream has checked the columns' sizes: layer and labels hold `rows`
+  // entries or none.
   const bool all_layers = layer_index_ == -1;
-  const bool has_layer_column =
-      static_cast<int64_t>(b.layer().size()) == rows * 8;
-  if (all_layers ? !has_layer_column
-                 : !b.layer().empty() && !has_layer_column) {
+  const bool has_layer_column = !b.layer().empty() || rows == 0;
+  if (all_layers && !has_layer_column) {
     Problem(absl::StrCat("epoch ", epoch, " batch ", b.index(),
-                         ": layer column has ", b.layer().size(), " bytes for ",
-                         rows, " rows"));
-  }
-  const bool has_label_column = static_cast<int64_t>(b.labels().size()) == rows;
-  if (!b.labels().empty() && !has_label_column) {
-    Problem(absl::StrCat("epoch ", epoch, " batch ", b.index(),
-                         ": labels column has ", b.labels().size(),
+                         ": layer column has ", b.layer().size() * 8,
                          " bytes for ", rows, " rows"));
   }
+  const bool has_label_column = !b.labels().empty();
 
   const int64_t vector_bytes = d_model_ * 4;
   for (int64_t i = 0; i < rows; ++i) {
     ++ep.vectors;
     const bool sample_row = i == 0 || rows_total_ % kSampleStride == 0;
     ++rows_total_;
-    const int64_t example = At<int64_t>(b.example_idx(), i);
-    const int32_t content = At<int32_t>(b.token_idx(), i);
+    const int64_t example = b.example_idx()[static_cast<size_t>(i)];
+    const int32_t content = b.token_idx()[static_cast<size_t>(i)];
     int64_t layer_value = 0;
     int64_t li = layer_index_;
     if (has_layer_column) {
-      layer_value = At<int64_t>(b.layer(), i);
+      layer_value = b.layer()[static_cast<size_t>(i)];
       auto it = std::find(layers_.begin(), layers_.end(), layer_value);
       li = it == layers_.end() ? -3 : it - layers_.begin();
     } else if (layer_index_ >= 0) {
@@ -324,7 +311,7 @@ void StreamChecker::AddBatch(const v1::Batch& b) {
           " is excluded");
     }
     if (has_label_column) {
-      const int got = static_cast<uint8_t>(b.labels()[static_cast<size_t>(i)]);
+      const int got = b.labels()[static_cast<size_t>(i)];
       int want = -1;
       if (content < 0) {
         want = 255;
@@ -362,8 +349,9 @@ void StreamChecker::AddBatch(const v1::Batch& b) {
     if (sample_row && d_ok) {
       Sample s;
       s.coord = {example, layer_value, token};
-      s.bytes.assign(b.vectors().data() + i * vector_bytes,
-                     static_cast<size_t>(vector_bytes));
+      s.bytes.assign(
+          reinterpret_cast<const char*>(b.vectors().data() + i * d_model_),
+          static_cast<size_t>(vector_bytes));
       s.epoch = epoch;
       s.batch = b.index();
       s.row = i;

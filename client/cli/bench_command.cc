@@ -2,7 +2,7 @@
 // clients (this binary re-executed as `stream --json`), the daemon's
 // counters around them and, with --dir, fio's sequential read bandwidth on
 // the same shard files in the same run, so every figure can be read as a
-// ratio (DESIGN.md section 5).
+// ratio (README.md, "Measuring").
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -31,8 +31,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/cli/commands.h"
 #include "client/client.h"
-#include "client/commands.h"
 #include "common/file.h"
 #include "common/pyjson.h"
 #include "common/status.h"
@@ -371,26 +371,26 @@ int RunBench(const Args& args) {
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
   auto info = (*client)->DescribeDataset(id);
   if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
-  if (!info->ok()) {
-    return Fail(cmd, absl::StrCat("dataset ", info->id(),
-                                  " was rejected: ", info->error()));
+  if (!info->ok) {
+    return Fail(cmd, absl::StrCat("dataset ", info->id,
+                                  " was rejected: ", info->error));
   }
   // Selected bytes per epoch, before any label filter.
-  int64_t rows = info->n_examples() * info->layers_size();
+  int64_t rows = info->n_examples * static_cast<int64_t>(info->layers.size());
   if (args.Has("layer")) {
-    if (std::find(info->layers().begin(), info->layers().end(), *layer) ==
-        info->layers().end()) {
+    if (std::find(info->layers.begin(), info->layers.end(), *layer) ==
+        info->layers.end()) {
       return Fail(cmd, absl::StrCat("layer ", *layer, " is not recorded in ",
-                                    info->id(), " (layers ",
-                                    absl::StrJoin(info->layers(), ","), ")"));
+                                    info->id, " (layers ",
+                                    absl::StrJoin(info->layers, ","), ")"));
     }
-    rows = info->n_examples();
+    rows = info->n_examples;
   }
-  const int64_t per_row = tokens == "all"       ? info->tokens_per_example()
-                          : tokens == "special" ? (info->cls_token() ? 1 : 0)
-                                                : info->content_tokens();
+  const int64_t per_row = tokens == "all"       ? info->tokens_per_example
+                          : tokens == "special" ? (info->cls_token ? 1 : 0)
+                                                : info->content_tokens;
   const uint64_t selected_bytes =
-      static_cast<uint64_t>(rows * per_row * info->d_model()) * 4;
+      static_cast<uint64_t>(rows * per_row * info->d_model) * 4;
 
   // fio and the page cache.
   std::vector<std::pair<std::string, uint64_t>> files;
@@ -522,15 +522,15 @@ int RunBench(const Args& args) {
       return;
     }
     const double delivered = static_cast<double>(
-        s->bytes_delivered() - status_before->bytes_delivered());
+        s->bytes_delivered - status_before->bytes_delivered);
     std::fprintf(
         stderr,
         "bench: %.0f s, daemon delivered %s MiB (%s MiB/s), read %s MiB "
         "from disk\n",
         secs, Mib(delivered).c_str(),
         Mib(secs > 0 ? delivered / secs : 0).c_str(),
-        Mib(static_cast<double>(s->bytes_read_from_disk() -
-                                status_before->bytes_read_from_disk()))
+        Mib(static_cast<double>(s->bytes_read_from_disk -
+                                status_before->bytes_read_from_disk))
             .c_str());
   };
   DrainAndWait(children, progress);
@@ -600,8 +600,8 @@ int RunBench(const Args& args) {
   }
   const double total_rate =
       longest > 0 ? static_cast<double>(total_bytes) / longest : 0.0;
-  const uint64_t disk = status_after->bytes_read_from_disk() -
-                        status_before->bytes_read_from_disk();
+  const uint64_t disk =
+      status_after->bytes_read_from_disk - status_before->bytes_read_from_disk;
   const double denominator =
       static_cast<double>(selected_bytes) * static_cast<double>(*epochs);
   // Disk bytes over the bytes the clients' selection covers (-1: nothing
@@ -617,7 +617,7 @@ int RunBench(const Args& args) {
     fio_mean = sum / static_cast<double>(fio_runs.size());
   }
   const uint64_t rss =
-      proc_rss.has_value() ? *proc_rss : status_after->memory_rss_bytes();
+      proc_rss.has_value() ? *proc_rss : status_after->memory_rss_bytes;
 
   OrderedJson j;
   OrderedJson jc = OrderedJson::array();
@@ -642,7 +642,7 @@ int RunBench(const Args& args) {
       io_delta ? OrderedJson(*io_delta) : OrderedJson(nullptr);
   j["daemon_rss_bytes"] = rss;
   j["daemon_hwm_bytes"] = hwm ? OrderedJson(*hwm) : OrderedJson(nullptr);
-  j["reservoir_bytes"] = status_after->reservoir_bytes();
+  j["reservoir_bytes"] = status_after->reservoir_bytes;
   if (fio_mean.has_value()) {
     OrderedJson f;
     std::vector<double> rates;
@@ -699,9 +699,8 @@ int RunBench(const Args& args) {
   std::printf("\ndaemon RSS %s MiB", Mib(static_cast<double>(rss)).c_str());
   if (hwm)
     std::printf(" (peak %s MiB)", Mib(static_cast<double>(*hwm)).c_str());
-  std::printf(
-      ", reservoir %s MiB\n",
-      Mib(static_cast<double>(status_after->reservoir_bytes())).c_str());
+  std::printf(", reservoir %s MiB\n",
+              Mib(static_cast<double>(status_after->reservoir_bytes)).c_str());
   if (fio_mean) {
     std::vector<std::string> rates;
     for (const FioRun& r : fio_runs) rates.push_back(Mib(r.bytes_per_second));

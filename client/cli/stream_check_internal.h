@@ -4,8 +4,8 @@
 // filter, the labels from Query.GetLabels), held against the batches the
 // daemon sent. Sampled rows are fetched again with Query.GetVectors and
 // compared byte for byte.
-#ifndef SHARDCAST_CLIENT_STREAM_CHECK_INTERNAL_H_
-#define SHARDCAST_CLIENT_STREAM_CHECK_INTERNAL_H_
+#ifndef SHARDCAST_CLIENT_CLI_STREAM_CHECK_INTERNAL_H_
+#define SHARDCAST_CLIENT_CLI_STREAM_CHECK_INTERNAL_H_
 
 #include <cstdint>
 #include <memory>
@@ -16,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "nlohmann/json.hpp"
-#include "shardcast/v1/shardcast.pb.h"
 
 namespace shardcast {
 
@@ -36,13 +35,13 @@ class StreamChecker {
   /// calls). Returns the daemon's error when a label fetch fails, and
   /// INVALID_ARGUMENT when the labels have the wrong length.
   static absl::StatusOr<std::unique_ptr<StreamChecker>> Create(
-      Client* client, const v1::StreamRequest& request,
-      const v1::DatasetInfo& info);
+      Client* client, const StreamRequest& request,
+      const DatasetDescription& info);
 
-  /// Checks one batch (its field sizes must already be validated: rows
-  /// example_idx, token_idx and vectors entries). Sampled rows are queued
-  /// and compared in groups with GetVectors.
-  void AddBatch(const v1::Batch& batch);
+  /// Checks one batch (as BatchStream::Next delivers it: its field sizes are
+  /// validated). Sampled rows are queued and compared in groups with
+  /// GetVectors.
+  void AddBatch(const Batch& batch);
 
   /// Ends the stream: compares the queued samples and closes the epochs.
   /// Epochs that did not start at their beginning (a resumed stream) or were
@@ -145,4 +144,4 @@ class StreamChecker {
 
 }  // namespace shardcast
 
-#endif  // SHARDCAST_CLIENT_STREAM_CHECK_INTERNAL_H_
+#endif  // SHARDCAST_CLIENT_CLI_STREAM_CHECK_INTERNAL_H_

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/commands.h"
-#include "client/progress.h"
+#include "client/cli/commands.h"
+#include "client/cli/progress.h"
 #include "common/dataset.h"
 #include "common/npy.h"
 #include "common/pyjson.h"

@@ -1,8 +1,8 @@
 // The `shardcast` CLI's subcommands. Each command declares its options (for
 // parsing and --help) and a Run function returning the process exit code:
 // 0 success, 1 failure or problems found (details on stderr), 2 usage error.
-#ifndef SHARDCAST_CLIENT_COMMANDS_H_
-#define SHARDCAST_CLIENT_COMMANDS_H_
+#ifndef SHARDCAST_CLIENT_CLI_COMMANDS_H_
+#define SHARDCAST_CLIENT_CLI_COMMANDS_H_
 
 #include <string>
 #include <vector>
@@ -57,4 +57,4 @@ int Fail(const char* command, const std::string& message);
 
 }  // namespace shardcast
 
-#endif  // SHARDCAST_CLIENT_COMMANDS_H_
+#endif  // SHARDCAST_CLIENT_CLI_COMMANDS_H_
