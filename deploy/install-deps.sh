@@ -4,9 +4,9 @@
 set -euo pipefail
 
 packages=(
-  # toolchain
-  g++ cmake make pkg-config
-  # libraries (DESIGN.md §6)
+  # toolchain (clang: the thread-safety analysis of tests/run.sh)
+  g++ clang cmake make pkg-config
+  # libraries
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev nlohmann-json3-dev libssl-dev liburing-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
