@@ -73,7 +73,13 @@ class ShuffledStream final : public BatchSource {
   std::string ResumeToken() const;
   absl::StatusOr<Draw> EnsureDrawable(const std::function<void()>& waker);
   void Activate(BlockRef block);
+  // Draws row `i` of the batch: its columns now, its vector into copies_.
   void DrawInto(VectorDest dest, StreamBatch* out, int64_t i);
+  // Next without the copies.
+  absl::StatusOr<Fill> Assemble(VectorDest dest, StreamBatch* out,
+                                std::function<void()> waker);
+  // Performs the copies drawn, then lets go of the blocks they emptied.
+  void Copy();
   void StartEpoch(int64_t epoch, int64_t batch_index);
 
   std::unique_ptr<ScanRegistry::Subscription> sub_;
@@ -98,6 +104,15 @@ class ShuffledStream final : public BatchSource {
   /// block -> the vectors (within the block) still to deliver.
   std::map<int64_t, IndexSet> partial_;
   uint64_t rng_ = 0;
+
+  // Vectors drawn but not copied yet: a batch's copies run together, each
+  // prefetching the sources ahead of it (Copy).
+  struct PendingCopy {
+    char* dst;
+    const char* src;
+  };
+  std::vector<PendingCopy> copies_;
+  std::vector<BlockRef> retired_;  // emptied by those draws; kept until copied
 
   bool in_batch_ = false;  // a batch is partly assembled
   int64_t filled_ = 0;
