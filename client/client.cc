@@ -1,14 +1,22 @@
 #include "client/client.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/base/config.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/shared_memory_internal.h"
 #include "common/file.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -127,6 +135,9 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   for (const v1::ScanStatus& scan : s.scans()) {
     out.scans.push_back(FromProto(scan));
   }
+  out.shm_regions = s.shm_regions();
+  out.shm_bytes = s.shm_bytes();
+  out.shm_streams = s.shm_streams();
   return out;
 }
 
@@ -166,15 +177,26 @@ bool HoldsRows(const std::string& column, int64_t rows, int64_t width) {
 }
 
 // OK when every column of `b` has the size its rows and d_model call for
-// (the optional layer and labels columns may be empty); DATA_LOSS naming the
-// batch (`number` in the stream, 1-based) and the sizes otherwise.
-absl::Status CheckBatch(const v1::Batch& b, int64_t number) {
+// (the optional layer and labels columns may be empty) and, with a `region`
+// (shared memory), when its slot exists and holds its vectors; DATA_LOSS
+// naming the batch (`number` in the stream, 1-based) and the sizes
+// otherwise.
+absl::Status CheckBatch(const v1::Batch& b, int64_t number,
+                        const internal_client::ClientRegion* region = nullptr) {
   const int64_t rows = b.rows();
   const int64_t d_model = b.d_model();
-  const bool vectors_ok = d_model == 0
-                              ? rows >= 0 && b.vectors().empty()
+  bool vectors_ok;
+  if (region != nullptr) {
+    vectors_ok = b.has_slot() && b.slot() < region->slots() &&
+                 b.vectors().empty() && rows >= 0 && d_model >= 0 &&
+                 (d_model == 0 || static_cast<uint64_t>(rows) <=
+                                      region->slot_bytes() / 4 /
+                                          static_cast<uint64_t>(d_model));
+  } else {
+    vectors_ok = d_model == 0 ? rows >= 0 && b.vectors().empty()
                               : d_model > 0 && d_model <= INT64_MAX / 4 &&
                                     HoldsRows(b.vectors(), rows, d_model * 4);
+  }
   const bool layer_ok = b.layer().empty() || HoldsRows(b.layer(), rows, 8);
   const bool labels_ok = b.labels().empty() || HoldsRows(b.labels(), rows, 1);
   if (vectors_ok && HoldsRows(b.example_idx(), rows, 8) &&
@@ -186,6 +208,11 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number) {
       ") is malformed: ", rows, " rows, d_model ", d_model, ", ",
       b.vectors().size(), " vector bytes, ", b.example_idx().size(),
       " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
+  if (region != nullptr) {
+    absl::StrAppend(
+        &message, ", slot ", b.has_slot() ? absl::StrCat(b.slot()) : "none",
+        " of ", region->slots(), " slots of ", region->slot_bytes(), " bytes");
+  }
   if (!layer_ok)
     absl::StrAppend(&message, ", ", b.layer().size(), " layer bytes");
   if (!labels_ok) {
@@ -198,8 +225,42 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number) {
 
 // Batch.
 
+namespace internal_client {
+
+// What the batches of a shared-memory stream share: the region (kept mapped
+// while any batch views it) and the slots batches let go of, which the
+// stream returns to the daemon with its next read. Thread-safe.
+struct SlotLedger {
+  explicit SlotLedger(std::shared_ptr<const ClientRegion> r)
+      : region(std::move(r)) {}
+  void Return(uint32_t slot) ABSL_LOCKS_EXCLUDED(mu) {
+    MutexLock lock(&mu);
+    returned.push_back(slot);
+  }
+  std::vector<uint32_t> TakeReturned() ABSL_LOCKS_EXCLUDED(mu) {
+    MutexLock lock(&mu);
+    return std::move(returned);
+  }
+  const std::shared_ptr<const ClientRegion> region;
+  Mutex mu;
+  std::vector<uint32_t> returned ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace internal_client
+
 struct Batch::Rep {
   v1::Batch message;
+  // Shared-memory batches: the vectors are in `slot` of the ledger's region.
+  std::shared_ptr<internal_client::SlotLedger> ledger;
+  int64_t slot = -1;
+
+  ~Rep() { LetGoOfSlot(); }
+  // The slot goes back to the daemon (with the stream's next read).
+  void LetGoOfSlot() {
+    if (slot >= 0) ledger->Return(static_cast<uint32_t>(slot));
+    slot = -1;
+    ledger.reset();
+  }
 };
 
 namespace internal_client {
@@ -211,6 +272,17 @@ class BatchAccess {
   static v1::Batch* Message(Batch* batch) {
     if (batch->rep_ == nullptr) batch->rep_ = std::make_unique<Batch::Rep>();
     return &batch->rep_->message;
+  }
+  // Lets go of the slot `batch` viewed, if any.
+  static void LetGoOfSlot(Batch* batch) {
+    if (batch->rep_ != nullptr) batch->rep_->LetGoOfSlot();
+  }
+  // Makes `batch`'s vectors the `slot` of the ledger's region.
+  static void ViewSlot(Batch* batch,
+                       std::shared_ptr<internal_client::SlotLedger> ledger,
+                       uint32_t slot) {
+    batch->rep_->ledger = std::move(ledger);
+    batch->rep_->slot = slot;
   }
   // The message `batch` holds; the (empty) default message when it has none.
   static const v1::Batch& Message(const Batch& batch) {
@@ -233,6 +305,13 @@ int64_t Batch::index() const { return BatchAccess::Message(*this).index(); }
 int64_t Batch::rows() const { return BatchAccess::Message(*this).rows(); }
 int64_t Batch::d_model() const { return BatchAccess::Message(*this).d_model(); }
 absl::Span<const float> Batch::vectors() const {
+  if (rep_ != nullptr && rep_->slot >= 0) {
+    const v1::Batch& m = rep_->message;
+    return absl::Span<const float>(
+        reinterpret_cast<const float*>(
+            rep_->ledger->region->slot_data(static_cast<uint32_t>(rep_->slot))),
+        static_cast<size_t>(m.rows() * m.d_model()));
+  }
   return View<float>(BatchAccess::Message(*this).vectors());
 }
 absl::Span<const int64_t> Batch::example_idx() const {
@@ -254,12 +333,16 @@ const std::string& Batch::resume_token() const {
 // Client.
 
 struct Client::Impl {
-  explicit Impl(std::shared_ptr<grpc::Channel> c)
-      : channel(std::move(c)),
+  Impl(std::shared_ptr<grpc::Channel> c, std::string a, ClientOptions o)
+      : address(std::move(a)),
+        options(std::move(o)),
+        channel(std::move(c)),
         admin(v1::Admin::NewStub(channel)),
         query(v1::Query::NewStub(channel)),
         stream(v1::Stream::NewStub(channel)) {}
 
+  const std::string address;
+  const ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<v1::Query::Stub> query;
@@ -271,24 +354,39 @@ Client::~Client() = default;
 
 namespace {
 
-class GrpcBatchStream final : public BatchStream {
+// A Stream call (batches in messages), or a SharedStream call when it has a
+// ledger (batches in the ledger's region): `Call` is the sync API's reader
+// or reader-writer.
+template <typename Call>
+class RpcBatchStream final : public BatchStream {
  public:
-  GrpcBatchStream(v1::Stream::Stub* stub, const v1::StreamRequest& request)
-      : reader_(stub->Stream(&ctx_, request)) {}
+  using Opener = std::function<std::unique_ptr<Call>(grpc::ClientContext*)>;
+  RpcBatchStream(const Opener& open,
+                 std::shared_ptr<internal_client::SlotLedger> ledger)
+      : call_(open(&ctx_)), ledger_(std::move(ledger)) {}
 
-  ~GrpcBatchStream() override {
+  ~RpcBatchStream() override {
     if (!finished_) Finish().IgnoreError();
   }
 
   bool Next(Batch* batch) override {
+    BatchAccess::LetGoOfSlot(batch);
     if (ended_) return false;
+    ReturnSlots();
     v1::Batch* message = BatchAccess::Message(batch);
-    if (!reader_->Read(message)) {
+    if (!call_->Read(message)) {
       ended_ = true;
       return false;
     }
-    malformed_ = CheckBatch(*message, ++batches_);
-    if (malformed_.ok()) return true;
+    malformed_ =
+        CheckBatch(*message, ++batches_,
+                   ledger_ != nullptr ? ledger_->region.get() : nullptr);
+    if (malformed_.ok()) {
+      if (ledger_ != nullptr) {
+        BatchAccess::ViewSlot(batch, ledger_, message->slot());
+      }
+      return true;
+    }
     message->Clear();
     Stop();
     return false;
@@ -297,7 +395,10 @@ class GrpcBatchStream final : public BatchStream {
   absl::Status Finish() override {
     if (!finished_) {
       if (!ended_) Stop();
-      final_ = FromGrpcStatus(reader_->Finish());
+      if constexpr (kShared) call_->WritesDone();
+      final_ = FromGrpcStatus(call_->Finish());
+      // The daemon may free the region; batches still view their slots.
+      if (ledger_ != nullptr) ledger_->region->Disconnect();
       if (!malformed_.ok()) final_ = malformed_;
       finished_ = true;
     }
@@ -305,32 +406,105 @@ class GrpcBatchStream final : public BatchStream {
   }
 
   void Cancel() override { ctx_.TryCancel(); }
+  bool shared_memory() const override { return ledger_ != nullptr; }
 
  private:
+  static constexpr bool kShared = std::is_same_v<
+      Call, grpc::ClientReaderWriter<v1::SharedStreamMessage, v1::Batch>>;
+
+  // Gives the daemon back the slots batches let go of (shared memory).
+  void ReturnSlots() {
+    if constexpr (kShared) {
+      std::vector<uint32_t> slots = ledger_->TakeReturned();
+      if (slots.empty()) return;
+      v1::SharedStreamMessage m;
+      for (uint32_t s : slots) m.add_release(s);
+      call_->Write(m);  // a failure shows as the stream's end
+    }
+  }
+
   // Cancels the call and reads what is still in flight, as gRPC wants before
   // Finish.
   void Stop() {
     ctx_.TryCancel();
     v1::Batch discard;
-    while (reader_->Read(&discard)) {
+    while (call_->Read(&discard)) {
     }
     ended_ = true;
   }
 
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReader<v1::Batch>> reader_;
+  std::unique_ptr<Call> call_;
+  const std::shared_ptr<internal_client::SlotLedger> ledger_;
   int64_t batches_ = 0;    // received so far, for error messages
   bool ended_ = false;     // Read returned false
-  bool finished_ = false;  // reader_->Finish was called; final_ holds it
+  bool finished_ = false;  // call_->Finish was called; final_ holds it
   absl::Status malformed_;
   absl::Status final_;
+};
+
+// A stream that failed before its call began.
+class FailedBatchStream final : public BatchStream {
+ public:
+  explicit FailedBatchStream(absl::Status status)
+      : status_(std::move(status)) {}
+  bool Next(Batch* batch) override {
+    BatchAccess::LetGoOfSlot(batch);
+    return false;
+  }
+  absl::Status Finish() override { return status_; }
+  void Cancel() override {}
+  bool shared_memory() const override { return false; }
+
+ private:
+  const absl::Status status_;
 };
 
 }  // namespace
 
 std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
-  return std::make_unique<GrpcBatchStream>(impl_->stream.get(),
-                                           ToProto(request));
+  v1::StreamRequest proto = ToProto(request);
+  v1::Stream::Stub* stub = impl_->stream.get();
+  const std::string socket =
+      internal_client::SharedMemorySocket(impl_->address);
+  struct stat st;
+  // Shared memory when the daemon offers it (its socket exists); a bad batch
+  // size gets the daemon's own error on the message path.
+  if (impl_->options.shared_memory && !socket.empty() &&
+      ::stat(socket.c_str(), &st) == 0 && request.batch_size > 0) {
+    absl::StatusOr<DatasetDescription> d = DescribeDataset(request.dataset);
+    if (!d.ok()) return std::make_unique<FailedBatchStream>(d.status());
+    const uint64_t vector_bytes = static_cast<uint64_t>(d->d_model) * 4;
+    const int slots = std::clamp(impl_->options.shared_memory_slots, 2, 16);
+    absl::StatusOr<std::shared_ptr<const internal_client::ClientRegion>>
+        region =
+            vector_bytes == 0 || static_cast<uint64_t>(request.batch_size) >
+                                     (uint64_t{1} << 40) / vector_bytes
+                ? absl::InvalidArgumentError(
+                      absl::StrCat("batch_size ", request.batch_size,
+                                   " x d_model ", d->d_model, " is too large"))
+                : internal_client::ClientRegion::Open(
+                      socket, static_cast<uint32_t>(slots),
+                      static_cast<uint64_t>(request.batch_size) * vector_bytes);
+    if (!region.ok())
+      return std::make_unique<FailedBatchStream>(region.status());
+    auto ledger = std::make_shared<internal_client::SlotLedger>(*region);
+    using Call = grpc::ClientReaderWriter<v1::SharedStreamMessage, v1::Batch>;
+    const std::string token = (*region)->token();
+    return std::make_unique<RpcBatchStream<Call>>(
+        [&](grpc::ClientContext* ctx) {
+          std::unique_ptr<Call> call = stub->SharedStream(ctx);
+          v1::SharedStreamMessage first;
+          *first.mutable_request() = proto;
+          first.set_region(token);
+          call->Write(first);  // a failure shows as the stream's end
+          return call;
+        },
+        std::move(ledger));
+  }
+  return std::make_unique<RpcBatchStream<grpc::ClientReader<v1::Batch>>>(
+      [&](grpc::ClientContext* ctx) { return stub->Stream(ctx, proto); },
+      nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
@@ -365,7 +539,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      " s (is it running? right address/TLS?)"));
   }
   return std::unique_ptr<Client>(
-      new Client(std::make_unique<Impl>(std::move(channel))));
+      new Client(std::make_unique<Impl>(std::move(channel), address, options)));
 }
 
 absl::StatusOr<std::vector<DatasetDescription>> Client::ListDatasets() {

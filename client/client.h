@@ -29,6 +29,14 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;  // override the name checked in the cert
   int connect_timeout_seconds = 5;
+  /// On a Unix socket, streams get their batches in shared memory (the
+  /// daemon writes each batch's vectors straight into a slot that this
+  /// process maps; README.md, "Shared memory") when the daemon offers it.
+  /// False: always in gRPC messages.
+  bool shared_memory = true;
+  /// Slots of a stream's region: how many batches the daemon may have ready
+  /// for this client, the one it reads included (2 to 16).
+  int shared_memory_slots = 4;
 };
 
 /// One vector/coordinate request.
@@ -114,6 +122,9 @@ struct DaemonStatus {
   uint64_t blocks_read = 0;               // by the shared scans
   uint64_t bytes_delivered = 0;           // vector bytes in stream batches
   std::vector<Scan> scans;                // active shared scans
+  int64_t shm_regions = 0;  // shared-memory regions mapped for local clients
+  uint64_t shm_bytes = 0;   // their size (leased from the reservoir)
+  int64_t shm_streams = 0;  // streams writing batches into one
 };
 
 /// What to stream (Stream.Stream); mirrors shardcast.v1.StreamRequest. The
@@ -150,14 +161,17 @@ class BatchAccess;
 }  // namespace internal_client
 
 /// One batch of a stream. The accessors are views of the received message,
-/// which the Batch owns: they stay valid until the next BatchStream::Next
-/// into this Batch, or its destruction (no copy of the payload). Reusing one
-/// Batch for a whole stream reuses its memory. Move-only; moving keeps the
-/// views valid (they move with the message), and the moved-from Batch is
-/// empty. A Batch that BatchStream::Next filled has been checked: every
-/// per-row column holds `rows()` entries (or none, where optional) and
-/// vectors() holds rows() * d_model() floats. Not thread-safe for writing;
-/// const accessors may be called from several threads.
+/// which the Batch owns, and, on the shared-memory path, of the slot holding
+/// its vectors: they stay valid until the next BatchStream::Next into this
+/// Batch, or its destruction (no copy of the payload); then the slot goes
+/// back to the daemon. Holding more Batches of a shared-memory stream at
+/// once than its region has slots stalls the stream. Reusing one Batch for
+/// a whole stream reuses its memory. Move-only; moving keeps the views valid
+/// (they move with the message), and the moved-from Batch is empty. A Batch
+/// that BatchStream::Next filled has been checked: every per-row column holds
+/// `rows()` entries (or none, where optional) and vectors() holds rows() *
+/// d_model() floats. Not thread-safe for writing; const accessors may be called
+/// from several threads.
 class Batch {
  public:
   /// An empty batch (0 rows, empty views), ready for BatchStream::Next.
@@ -222,6 +236,9 @@ class BatchStream {
   /// reports CANCELLED (or the stream's own end, if that came first).
   /// Thread-safe.
   virtual void Cancel() = 0;
+  /// True when the batches arrive in shared memory (SharedStream), false
+  /// when in gRPC messages (Stream).
+  virtual bool shared_memory() const = 0;
 };
 
 /// A connection to one daemon. Thread-safe: any number of threads may call
@@ -266,9 +283,12 @@ class Client {
   /// the dataset has no labels.
   absl::StatusOr<std::string> GetLabels(const std::string& dataset,
                                         int64_t example);
-  /// Opens a stream of batches. Never null; errors in the request (bad
-  /// layer, batch size, resume token, unknown dataset) come from
-  /// BatchStream::Finish.
+  /// Opens a stream of batches: in shared memory when the options allow it
+  /// and the daemon, on this client's Unix socket, offers it (it looks up
+  /// the dataset's d_model first, to size the slots); in gRPC messages
+  /// otherwise. Never null; errors in the request (bad layer, batch size,
+  /// resume token, unknown dataset) and a region the daemon refuses
+  /// (RESOURCE_EXHAUSTED) come from BatchStream::Finish.
   std::unique_ptr<BatchStream> OpenStream(const StreamRequest& request);
 
  private:

@@ -13,6 +13,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/shm_protocol.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -24,6 +25,7 @@
 #include "server/transport/http_admin.h"
 #include "server/transport/metrics.h"
 #include "server/transport/payload_router.h"
+#include "server/transport/shm_service.h"
 #include "server/transport/worker_pool.h"
 
 namespace shardcast {
@@ -118,6 +120,7 @@ struct Daemon::Impl {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
+  std::unique_ptr<ShmService> shm;  // null: shared memory is off
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
@@ -159,8 +162,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       std::make_unique<WorkerPool>(static_cast<int>(options.query_threads));
   // Idle batch buffers kept for reuse: a few per stream at most.
   d->buffers = std::make_unique<BufferPool>(256ull << 20);
+  if (!options.unix_socket.empty() && !options.disable_shared_memory) {
+    ShmServiceOptions shm;
+    shm.path = options.unix_socket + shm::kSocketSuffix;
+    shm.mode = kSocketMode;
+    shm.group = options.socket_group;
+    ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
+  }
   TransportContext context;
   context.engine = d->engine.get();
+  context.shm = d->shm.get();
   context.pool = d->pool.get();
   context.metrics = &d->metrics;
   context.buffers = d->buffers.get();
@@ -215,7 +226,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (!options.http_address.empty()) {
     ASSIGN_OR_RETURN(d->http,
                      HttpAdmin::Start(options.http_address, d->engine.get(),
-                                      &d->metrics, &d->serving));
+                                      &d->metrics, d->shm.get(), &d->serving));
   }
   d->server->GetHealthCheckService()->SetServingStatus(true);
   d->serving = true;
@@ -258,6 +269,8 @@ void Daemon::Shutdown() {
   d->pool.reset();  // runs what is queued; their reactors are already done
   // /metrics reads the engine: stop the HTTP endpoint before the engine.
   if (d->http != nullptr) d->http->Stop();
+  // Regions hold reservoir leases: let go of them before the engine.
+  d->shm.reset();
   // Every stream has left its scan; stop the engine (it finishes the reads
   // in flight), which lets go of the scans and their blocks.
   d->engine.reset();

@@ -29,6 +29,10 @@ const std::vector<DaemonOption>& Table() {
       {"socket-group", "socket_group", "GROUP",
        "group owning the Unix socket (default: the daemon's)",
        OptionKind::kText, &O::socket_group},
+      {"disable-shared-memory", "disable_shared_memory", nullptr,
+       "serve local clients their batches in gRPC messages only, not in "
+       "shared memory (PATH.shm)",
+       OptionKind::kSwitch, &O::disable_shared_memory},
       {"listen-tcp", "listen_tcp", "HOST:PORT",
        "TCP listener for remote clients; TLS required unless loopback",
        OptionKind::kText, &O::tcp_address},

@@ -29,6 +29,9 @@ struct DaemonOptions {
   /// and a `<path>.lock` file keeps a second daemon from taking it.
   std::string unix_socket;
   std::string socket_group;  // chgrp the socket to this group when set
+  /// Without it, local clients get batches in shared memory through
+  /// `<unix_socket>.shm` (server/transport/shm_service.h).
+  bool disable_shared_memory = false;
   /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
   /// TLS unless the host is loopback or insecure_tcp is set.
   std::string tcp_address;

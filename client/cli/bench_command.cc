@@ -432,6 +432,7 @@ int RunBench(const Args& args) {
            {"--tls-server-name", tls.tls_server_name}}) {
     if (!value.empty()) absl::StrAppend(&base.emplace_back(), flag, "=", value);
   }
+  if (!tls.shared_memory) base.push_back("--no-shared-memory");
   base.push_back("stream");
   base.push_back(id);
   for (const OptionSpec& spec : StreamRequestOptions()) {

@@ -328,15 +328,17 @@ int RunStream(const Args& args) {
     j["epochs_checked"] = epoch_lines;
   }
   j["last_resume_token_bytes"] = last_token.size();
+  j["shared_memory"] = stream->shared_memory();
   if (checker) j["check"] = checker->Json();
   if (args.Has("json")) {
     std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
-    std::printf("%lld batches, %lld vectors, %.1f MiB in %.2f s (%.0f MiB/s)\n",
-                static_cast<long long>(batches),
-                static_cast<long long>(vectors),
-                static_cast<double>(bytes) / (1 << 20), secs,
-                secs > 0 ? static_cast<double>(bytes) / (1 << 20) / secs : 0.0);
+    std::printf(
+        "%lld batches, %lld vectors, %.1f MiB in %.2f s (%.0f MiB/s, %s)\n",
+        static_cast<long long>(batches), static_cast<long long>(vectors),
+        static_cast<double>(bytes) / (1 << 20), secs,
+        secs > 0 ? static_cast<double>(bytes) / (1 << 20) / secs : 0.0,
+        stream->shared_memory() ? "shared memory" : "gRPC messages");
     if (checker) {
       for (const std::string& line : epoch_lines) {
         std::printf("%s\n", line.c_str());
@@ -391,6 +393,9 @@ int RunStatus(const Args& args) {
   j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved;
   j["blocks_read"] = s->blocks_read;
   j["bytes_delivered"] = s->bytes_delivered;
+  j["shm_regions"] = s->shm_regions;
+  j["shm_bytes"] = s->shm_bytes;
+  j["shm_streams"] = s->shm_streams;
   OrderedJson scans = OrderedJson::array();
   for (const DaemonStatus::Scan& scan : s->scans) {
     OrderedJson sj;

@@ -20,6 +20,9 @@ const std::vector<OptionSpec> kGlobalOptions = {
     {"tls-cert", "FILE", "client certificate (mutual TLS)"},
     {"tls-key", "FILE", "client private key (mutual TLS)"},
     {"tls-server-name", "NAME", "name to check in the server certificate"},
+    {"no-shared-memory", nullptr,
+     "on a Unix socket, receive stream batches in gRPC messages rather than "
+     "in shared memory"},
 };
 
 void PrintTopHelp(const std::vector<Command>& local,
@@ -50,7 +53,13 @@ int Main(int argc, char** argv) {
   while (i < argc && absl::StartsWith(argv[i], "--") &&
          std::strcmp(argv[i], "--help") != 0) {
     global.push_back(argv[i]);
-    if (std::strchr(argv[i], '=') == nullptr && i + 1 < argc)
+    bool takes_value = true;  // unknown ones too: Parse reports them
+    for (const OptionSpec& o : kGlobalOptions) {
+      if (argv[i] + 2 == std::string(o.name)) {
+        takes_value = o.value_name != nullptr;
+      }
+    }
+    if (takes_value && std::strchr(argv[i], '=') == nullptr && i + 1 < argc)
       global.push_back(argv[++i]);
     ++i;
   }
@@ -72,6 +81,7 @@ int Main(int argc, char** argv) {
     options.tls_cert_file = globals->Get("tls-cert");
     options.tls_key_file = globals->Get("tls-key");
     options.tls_server_name = globals->Get("tls-server-name");
+    options.shared_memory = !globals->Has("no-shared-memory");
     SetRemoteTarget(globals->Get("server"), options);
   }
   const std::vector<Command>& commands = with_server ? remote : local;

@@ -70,6 +70,23 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
                                &ordered_bytes_read_);
 }
 
+MemoryLease::~MemoryLease() { reservoir_->Unreserve(slots_); }
+
+absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
+    uint64_t bytes, const std::string& what) {
+  Reservoir* r = scans_->reservoir();
+  const uint64_t slot = r->slot_bytes();
+  const uint64_t slots = bytes / slot + (bytes % slot != 0 ? 1 : 0);
+  if (slots > static_cast<uint64_t>(r->num_slots())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", bytes, " bytes, more than the whole reservoir (",
+        r->bytes(), " bytes, --reservoir-bytes)"));
+  }
+  RETURN_IF_ERROR(scans_->Reserve(static_cast<int64_t>(slots), what));
+  return std::unique_ptr<MemoryLease>(
+      new MemoryLease(r, static_cast<int64_t>(slots), bytes));
+}
+
 EngineFigures Engine::Figures() const {
   EngineFigures f;
   const Reservoir& r = *scans_->reservoir();

@@ -54,6 +54,25 @@ struct StreamOptions {
   uint64_t max_batch_bytes = 0;
 };
 
+/// Reservoir memory a transport holds for a client's buffers (shared-memory
+/// slots), counted against --reservoir-bytes like a stream's reservation so
+/// that the daemon's memory bound covers it. Given back on destruction.
+class MemoryLease {
+ public:
+  ~MemoryLease();
+  MemoryLease(const MemoryLease&) = delete;
+  MemoryLease& operator=(const MemoryLease&) = delete;
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  friend class Engine;
+  MemoryLease(Reservoir* reservoir, int64_t slots, uint64_t bytes)
+      : reservoir_(reservoir), slots_(slots), bytes_(bytes) {}
+  Reservoir* const reservoir_;
+  const int64_t slots_;
+  const uint64_t bytes_;
+};
+
 /// Thread-safe.
 class Engine {
  public:
@@ -80,6 +99,13 @@ class Engine {
   /// flags when the reservoir cannot take another stream).
   absl::StatusOr<std::unique_ptr<BatchSource>> OpenStream(
       StreamOptions options);
+
+  /// Leases `bytes` of the reservoir (rounded up to whole blocks) for
+  /// memory a transport holds. RESOURCE_EXHAUSTED naming `what` and the
+  /// flags when the reservoir cannot spare it. The lease must not outlive
+  /// the engine.
+  absl::StatusOr<std::unique_ptr<MemoryLease>> LeaseMemory(
+      uint64_t bytes, const std::string& what);
 
   /// The engine's figures now (reservoir, scans, bytes read, datasets).
   EngineFigures Figures() const;

@@ -605,14 +605,25 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   subscription->registry_ = this;
   subscription->scan_ = it->second;
   subscription->id_ = it->second->Subscribe(std::move(sub));
-  // The new reservation may need memory that laggards borrowed beyond their
+  ReclaimOverflow();
+  return subscription;
+}
+
+void ScanRegistry::ReclaimOverflow() {
+  // A new reservation may need memory that laggards borrowed beyond their
   // lag bounds: take it back.
   int64_t excess = reservoir_->overflow_excess();
   for (auto& [key, scan] : scans_) {
     if (excess <= 0) break;
     excess -= scan->ReclaimOverflow(excess);
   }
-  return subscription;
+}
+
+absl::Status ScanRegistry::Reserve(int64_t slots, const std::string& what) {
+  RETURN_IF_ERROR(reservoir_->Reserve(slots, what));
+  MutexLock lock(&mu_);
+  ReclaimOverflow();
+  return absl::OkStatus();
 }
 
 void ScanRegistry::Leave(Subscription* s) {

@@ -312,6 +312,13 @@ class ScanRegistry {
   absl::StatusOr<BlockLayout> Layout(const DatasetDesc& d,
                                      const StreamSpec& spec) const;
 
+  /// Reserves `slots` reservoir slots for memory held outside the scans
+  /// (a transport's buffers), taking back what laggards borrowed where the
+  /// reservation needs it. RESOURCE_EXHAUSTED as Reservoir::Reserve; give
+  /// them back with reservoir()->Unreserve.
+  absl::Status Reserve(int64_t slots, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   const ScanOptions& options() const { return options_; }
   Reservoir* reservoir() const { return reservoir_.get(); }
   ReadEngine* engine() const { return engine_.get(); }
@@ -320,6 +327,7 @@ class ScanRegistry {
  private:
   explicit ScanRegistry(ScanOptions options) : options_(options) {}
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReclaimOverflow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The engine stops before the reservoir its reads land in goes away.
   std::unique_ptr<Reservoir> reservoir_;

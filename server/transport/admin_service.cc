@@ -81,6 +81,12 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_reservoir_bytes_reserved(e.reservoir_bytes_reserved);
   response->set_blocks_read(e.blocks_read);
   response->set_bytes_delivered(m.bytes_delivered.load());
+  if (context_.shm != nullptr) {
+    const ShmFigures shm = context_.shm->Figures();
+    response->set_shm_regions(shm.regions);
+    response->set_shm_bytes(shm.bytes);
+    response->set_shm_streams(shm.attached);
+  }
   for (const ScanStatus& s : e.scans) {
     v1::ScanStatus* out = response->add_scans();
     out->set_dataset(ValidUtf8(s.dataset));

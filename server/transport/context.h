@@ -8,6 +8,7 @@
 #include "server/engine/engine.h"
 #include "server/transport/buffer_pool.h"
 #include "server/transport/metrics.h"
+#include "server/transport/shm_service.h"
 #include "server/transport/worker_pool.h"
 
 namespace shardcast {
@@ -19,6 +20,7 @@ struct TransportContext {
   WorkerPool* pool = nullptr;
   Metrics* metrics = nullptr;
   BufferPool* buffers = nullptr;  // batch payload buffers
+  ShmService* shm = nullptr;      // null: shared memory is off
   /// Read on every call: while false (draining for shutdown) new calls get
   /// UNAVAILABLE.
   const std::atomic<bool>* serving = nullptr;

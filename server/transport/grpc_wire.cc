@@ -24,6 +24,19 @@ grpc::ByteBuffer WithPayloadField(std::string header, int field,
   return grpc::ByteBuffer(slices, 2);
 }
 
+// A Batch's fields but its vectors; the columns are moved out of `b`.
+void BatchHeader(StreamBatch& b, int64_t d_model, v1::Batch* header) {
+  header->set_epoch(b.epoch);
+  header->set_index(b.index);
+  header->set_rows(b.rows);
+  header->set_d_model(d_model);
+  header->set_example_idx(std::move(b.example_idx));
+  header->set_token_idx(std::move(b.token_idx));
+  header->set_layer(std::move(b.layer));
+  header->set_labels(std::move(b.labels));
+  header->set_resume_token(std::move(b.resume_token));
+}
+
 }  // namespace
 
 grpc::ByteBuffer VectorsReply(VectorsResult result) {
@@ -38,18 +51,18 @@ grpc::ByteBuffer VectorsReply(VectorsResult result) {
 grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
                             PooledBuffer* buffer, size_t vector_bytes) {
   v1::Batch header;
-  header.set_epoch(b.epoch);
-  header.set_index(b.index);
-  header.set_rows(b.rows);
-  header.set_d_model(d_model);
-  header.set_example_idx(std::move(b.example_idx));
-  header.set_token_idx(std::move(b.token_idx));
-  header.set_layer(std::move(b.layer));
-  header.set_labels(std::move(b.labels));
-  header.set_resume_token(std::move(b.resume_token));
+  BatchHeader(b, d_model, &header);
   return WithPayloadField(
       header.SerializeAsString(), v1::Batch::kVectorsFieldNumber,
       grpc::Slice(buffer->data, vector_bytes, &BufferPool::Return, buffer));
+}
+
+grpc::ByteBuffer SlotBatchReply(StreamBatch& b, int64_t d_model,
+                                uint32_t slot) {
+  v1::Batch header;
+  BatchHeader(b, d_model, &header);
+  header.set_slot(slot);
+  return ProtoReply(header);
 }
 
 }  // namespace shardcast

@@ -53,6 +53,11 @@ grpc::ByteBuffer VectorsReply(VectorsResult result);
 grpc::ByteBuffer BatchReply(StreamBatch& batch, int64_t d_model,
                             PooledBuffer* buffer, size_t vector_bytes);
 
+/// shardcast.v1.Batch for the shared-memory path: `batch`'s columns (moved
+/// out), `d_model`, and the slot that holds its vectors (no payload).
+grpc::ByteBuffer SlotBatchReply(StreamBatch& batch, int64_t d_model,
+                                uint32_t slot);
+
 }  // namespace shardcast
 
 #endif  // SHARDCAST_SERVER_TRANSPORT_GRPC_WIRE_H_

@@ -10,7 +10,7 @@ namespace shardcast {
 
 absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
     const std::string& address, const Engine* engine, const Metrics* metrics,
-    const std::atomic<bool>* serving) {
+    const ShmService* shm, const std::atomic<bool>* serving) {
   std::unique_ptr<HttpAdmin> h(new HttpAdmin());
   h->server_ = std::make_unique<httplib::Server>();
   h->server_->Get(
@@ -19,12 +19,14 @@ absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
         res.status = up ? 200 : 503;
         res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
       });
-  h->server_->Get("/metrics", [engine, metrics, serving](
-                                  const httplib::Request&,
-                                  httplib::Response& res) {
-    res.set_content(metrics->PrometheusText(serving->load(), engine->Figures()),
-                    "text/plain; version=0.0.4");
-  });
+  h->server_->Get(
+      "/metrics", [engine, metrics, shm, serving](const httplib::Request&,
+                                                  httplib::Response& res) {
+        res.set_content(metrics->PrometheusText(
+                            serving->load(), engine->Figures(),
+                            shm != nullptr ? shm->Figures() : ShmFigures()),
+                        "text/plain; version=0.0.4");
+      });
   const std::string host = HostOf(address);
   const size_t colon = address.rfind(':');
   int port = 0;

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "server/engine/engine.h"
 #include "server/transport/metrics.h"
+#include "server/transport/shm_service.h"
 
 namespace httplib {
 class Server;
@@ -25,10 +26,11 @@ class HttpAdmin {
  public:
   /// Listens on `address` ("host:port"; port 0 picks one) and starts
   /// serving. INVALID_ARGUMENT when it is not host:port, UNAVAILABLE when it
-  /// cannot listen. `engine`, `metrics` and `serving` must outlive Stop().
+  /// cannot listen. `engine`, `metrics`, `shm` (may be null) and `serving`
+  /// must outlive Stop().
   static absl::StatusOr<std::unique_ptr<HttpAdmin>> Start(
       const std::string& address, const Engine* engine, const Metrics* metrics,
-      const std::atomic<bool>* serving);
+      const ShmService* shm, const std::atomic<bool>* serving);
   ~HttpAdmin();
   HttpAdmin(const HttpAdmin&) = delete;
   HttpAdmin& operator=(const HttpAdmin&) = delete;

@@ -33,8 +33,8 @@ std::string LabelValue(const std::string& v) {
 
 }  // namespace
 
-std::string Metrics::PrometheusText(bool serving,
-                                    const EngineFigures& engine) const {
+std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
+                                    const ShmFigures& shm) const {
   std::string out;
   auto metric = [&out](const char* name, const char* type, const char* help,
                        auto value) {
@@ -115,6 +115,12 @@ std::string Metrics::PrometheusText(bool serving,
                       "\"} ", c.queued, "\n");
     }
   }
+  metric("shardcast_shm_regions", "gauge",
+         "Shared-memory regions of local clients mapped.", shm.regions);
+  metric("shardcast_shm_bytes", "gauge",
+         "Bytes of those regions (leased from the reservoir).", shm.bytes);
+  metric("shardcast_shm_streams", "gauge",
+         "Streams writing batches into shared memory.", shm.attached);
   metric("shardcast_memory_rss_bytes", "gauge",
          "Resident memory of the daemon.", ResidentBytes());
   metric("shardcast_datasets", "gauge", "Datasets being served.",

@@ -28,7 +28,8 @@ class RefusingReactor final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* PayloadRouter::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
-  const bool is_stream = ctx->method() == kStreamMethod;
+  const bool shared = ctx->method() == kSharedStreamMethod;
+  const bool is_stream = shared || ctx->method() == kStreamMethod;
   if (!is_stream && ctx->method().rfind(kQueryMethodPrefix, 0) != 0) {
     return new RefusingReactor(
         grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
@@ -39,7 +40,7 @@ grpc::ServerGenericBidiReactor* PayloadRouter::CreateReactor(
     return new RefusingReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                             "shardcastd is shutting down"));
   }
-  if (is_stream) return NewStreamReactor(context_, ctx);
+  if (is_stream) return NewStreamReactor(context_, ctx, shared);
   return NewQueryReactor(context_, ctx);
 }
 

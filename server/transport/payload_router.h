@@ -1,5 +1,5 @@
 // The daemon's one gRPC generic service: the calls whose replies carry
-// vector payloads (Query.*, Stream.Stream) are served as raw byte streams,
+// vector payloads (Query.*, Stream.*) are served as raw byte streams,
 // so that payloads go out as their own slices (grpc_wire.h). This class only
 // routes a call to its reactor (query_reactor.h, stream_reactor.h) and
 // refuses unknown methods and calls arriving while the daemon drains.

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/tsan.h"
 #include "proto/grpc_status.h"
+#include "server/transport/batch_outlet.h"
 #include "server/transport/grpc_wire.h"
 
 namespace shardcast {
@@ -60,9 +61,10 @@ namespace {
 // being written. Deletes itself in OnDone.
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
+  // `shared`: a SharedStream call (batches in the client's shared memory).
   StreamReactor(const TransportContext& context,
-                grpc::GenericCallbackServerContext* ctx)
-      : context_(context), peer_(ctx->peer()) {
+                grpc::GenericCallbackServerContext* ctx, bool shared)
+      : context_(context), peer_(ctx->peer()), shared_(shared) {
     Metrics* m = context_.metrics;
     m->calls_total++;
     m->calls_in_flight++;
@@ -73,6 +75,11 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnReadDone(bool ok) override {
     TsanReaction reaction(this);
+    if (opened_reads_) {
+      if (ok) TakeReleases();  // and reads on
+      return;                  // !ok: the client finished writing or went away
+    }
+    opened_reads_ = true;
     if (!ok) {
       EndProducer(
           absl::InvalidArgumentError("Stream: the client sent no request"));
@@ -124,6 +131,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   void OnDone() override {
     TsanAcquire(this);
+    outlet_.reset();  // the region is free for another stream
     Metrics* m = context_.metrics;
     m->calls_in_flight--;
     m->streams_active--;
@@ -175,12 +183,35 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     if (finish) Done();
   }
 
-  // On a worker: converts the request and opens the engine's source.
+  // On a worker: converts the first message, opens the engine's source and
+  // the outlet the batches go out through.
   void Open() {
     v1::StreamRequest req;
-    absl::Status st = ParseRequest(&request_, &req);
+    std::string region_token;
+    absl::Status st;
+    if (shared_) {
+      v1::SharedStreamMessage first;
+      st = ParseRequest(&request_, &first);
+      req = first.request();
+      region_token = first.region();
+    } else {
+      st = ParseRequest(&request_, &req);
+    }
     absl::StatusOr<StreamOptions> options =
         st.ok() ? ToStreamOptions(req, peer_) : st;
+    if (options.ok() && shared_) {
+      absl::StatusOr<std::unique_ptr<SlotOutlet>> outlet =
+          OpenSlotOutlet(region_token);
+      if (outlet.ok()) {
+        options->max_batch_bytes = (*outlet)->region().slot_bytes();
+        slots_ = outlet->get();
+        outlet_ = std::move(*outlet);
+      } else {
+        options = outlet.status();
+      }
+    } else if (options.ok()) {
+      outlet_ = std::make_unique<MessageOutlet>(context_.buffers);
+    }
     absl::StatusOr<std::unique_ptr<BatchSource>> source =
         options.ok() ? context_.engine->OpenStream(*options) : options.status();
     if (!source.ok()) {
@@ -199,24 +230,78 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
             shape.vectors_per_epoch < 0
                 ? std::string("(label-filtered)")
                 : std::to_string(shape.vectors_per_epoch),
-            " vectors per epoch");
+            " vectors per epoch",
+            slots_ != nullptr
+                ? absl::StrCat(", shared memory (", slots_->region().slots(),
+                               " slots, pid ", slots_->region().pid(), ")")
+                : "");
+    if (shared_) {
+      // From now on the client's messages return slots.
+      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+      StartRead(&request_);
+    }
     Produce();
+  }
+
+  // The outlet of a SharedStream: the region its token names, attached to
+  // this stream. Only on the Unix socket: a region is on this machine.
+  absl::StatusOr<std::unique_ptr<SlotOutlet>> OpenSlotOutlet(
+      const std::string& token) {
+    if (context_.shm == nullptr) {
+      return absl::FailedPreconditionError(
+          "shared memory is off on this daemon (--disable-shared-memory or "
+          "no Unix socket); use the Stream method");
+    }
+    if (peer_.rfind("unix:", 0) != 0) {
+      return absl::FailedPreconditionError(
+          "SharedStream is for clients on the daemon's Unix socket");
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<ShmRegion> region,
+                     context_.shm->Attach(token));
+    return std::make_unique<SlotOutlet>(std::move(region));
+  }
+
+  // On a gRPC thread: the client returned slots (a small message). A
+  // release of a slot it does not hold ends the stream.
+  void TakeReleases() {
+    v1::SharedStreamMessage m;
+    absl::Status st = ParseRequest(&request_, &m);
+    for (uint32_t slot : m.release()) {
+      if (!st.ok()) break;
+      st = slots_->Release(slot);
+    }
+    if (!st.ok()) {
+      {
+        MutexLock lock(&mu_);
+        client_error_code_ = st.code();
+        client_error_ = std::string(st.message());
+      }
+      Kick(/*cancel=*/true);
+      return;
+    }
+    Kick(/*cancel=*/false);
+    {
+      MutexLock lock(&mu_);
+      if (producer_ == Producer::kDone) return;  // the stream is ending
+    }
+    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
+    StartRead(&request_);
   }
 
   // On a worker: fills the next batch and starts writing it (or queues it
   // behind the write in flight).
   void Produce() {
     if (Cancelled()) {
-      EndProducer(absl::CancelledError("the client cancelled"));
+      EndProducer(CancelStatus());
       return;
     }
     const BatchShape& shape = source_->shape();
-    if (buffer_ == nullptr) {
-      buffer_ = context_.buffers->Get(static_cast<size_t>(shape.batch_bytes()));
-    }
+    std::optional<VectorDest> dest = outlet_->Acquire(shape.batch_bytes());
     absl::StatusOr<BatchSource::Fill> fill =
-        source_->Next(VectorDest{buffer_->data, buffer_->size}, &batch_,
-                      [this] { Kick(/*cancel=*/false); });
+        dest.has_value()
+            ? source_->Next(*dest, &batch_, [this] { Kick(/*cancel=*/false); })
+            : BatchSource::Fill::kPending;  // the client has
+                                            // every slot
     if (!fill.ok()) {
       EndProducer(fill.status());
       return;
@@ -239,11 +324,9 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       EndProducer(absl::OkStatus());
       return;
     }
-    const size_t payload =
-        static_cast<size_t>(batch_.rows) * shape.vector_bytes;
-    grpc::ByteBuffer reply =
-        BatchReply(batch_, shape.d_model, buffer_, payload);
-    buffer_ = nullptr;  // the reply's slice owns it now
+    const uint64_t payload =
+        static_cast<uint64_t>(batch_.rows) * shape.vector_bytes;
+    grpc::ByteBuffer reply = outlet_->Reply(batch_, shape.d_model, payload);
     ++batches_;
     bytes_ += reply.Length();
     Metrics* m = context_.metrics;
@@ -269,6 +352,15 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     }
   }
 
+  // Why a cancelled stream ends: a client error, or the client's cancel.
+  absl::Status CancelStatus() {
+    MutexLock lock(&mu_);
+    if (client_error_code_ != absl::StatusCode::kOk) {
+      return absl::Status(client_error_code_, client_error_);
+    }
+    return absl::CancelledError("the client cancelled");
+  }
+
   bool Cancelled() {
     MutexLock lock(&mu_);
     return cancelled_;
@@ -285,12 +377,10 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   // Called once: the producer is done and nothing is being written.
   void Done() {
     // Leave the engine first: once the source is gone the scan never calls
-    // our waker again (a waker running now finds the producer done).
+    // our waker again (a waker running now finds the producer done). The
+    // outlet (a shared-memory region) is let go in OnDone, after the last
+    // client message.
     source_.reset();
-    if (buffer_ != nullptr) {
-      BufferPool::Return(buffer_);
-      buffer_ = nullptr;
-    }
     absl::Status status;
     {
       MutexLock lock(&mu_);
@@ -305,10 +395,13 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   const TransportContext context_;
   const std::string peer_;
   grpc::ByteBuffer request_;
-  grpc::ByteBuffer reply_;               // the batch being written
+  grpc::ByteBuffer reply_;  // the batch being written
+  const bool shared_;
+  bool opened_reads_ = false;            // the first message has been read
   std::unique_ptr<BatchSource> source_;  // set once Open succeeded
+  std::unique_ptr<BatchOutlet> outlet_;  // likewise
+  SlotOutlet* slots_ = nullptr;          // outlet_ of a SharedStream
   StreamBatch batch_;
-  PooledBuffer* buffer_ = nullptr;  // the batch being assembled
   Mutex mu_;
   Producer producer_ ABSL_GUARDED_BY(mu_) = Producer::kRunning;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -317,6 +410,11 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   std::optional<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(mu_);
   absl::StatusCode end_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   std::string end_message_ ABSL_GUARDED_BY(mu_);
+  // A client message that ends the stream (a bad release), kept as code and
+  // text like the end status.
+  absl::StatusCode client_error_code_ ABSL_GUARDED_BY(mu_) =
+      absl::StatusCode::kOk;
+  std::string client_error_ ABSL_GUARDED_BY(mu_);
   int64_t batches_ = 0;
   uint64_t bytes_ = 0;
   std::string final_status_;
@@ -325,8 +423,9 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 }  // namespace
 
 grpc::ServerGenericBidiReactor* NewStreamReactor(
-    const TransportContext& context, grpc::GenericCallbackServerContext* ctx) {
-  return new StreamReactor(context, ctx);
+    const TransportContext& context, grpc::GenericCallbackServerContext* ctx,
+    bool shared) {
+  return new StreamReactor(context, ctx, shared);
 }
 
 }  // namespace shardcast

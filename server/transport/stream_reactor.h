@@ -1,7 +1,9 @@
-// One shardcast.v1.Stream call: converts the request into StreamOptions,
-// opens a BatchSource from the engine, and writes the batches it fills as
-// Batch messages whose vectors are a pooled buffer's slice (grpc_wire.h).
-// The only engine work here is asking the source for the next batch.
+// One shardcast.v1.Stream or SharedStream call: converts the request into
+// StreamOptions, opens a BatchSource from the engine, and writes the batches
+// it fills through the call's outlet (batch_outlet.h): as Batch messages
+// whose vectors are a pooled buffer's slice, or, for SharedStream, written
+// into the client's shared-memory slots with the slot in the message. The
+// only engine work here is asking the source for the next batch.
 #ifndef SHARDCAST_SERVER_TRANSPORT_STREAM_REACTOR_H_
 #define SHARDCAST_SERVER_TRANSPORT_STREAM_REACTOR_H_
 
@@ -15,8 +17,10 @@
 
 namespace shardcast {
 
-/// The one Stream method.
+/// The Stream service's methods.
 inline constexpr char kStreamMethod[] = "/shardcast.v1.Stream/Stream";
+inline constexpr char kSharedStreamMethod[] =
+    "/shardcast.v1.Stream/SharedStream";
 
 /// A batch is one gRPC message: it stays under the daemon's message limit.
 inline constexpr uint64_t kMaxBatchBytes = 64ull << 20;
@@ -26,9 +30,11 @@ inline constexpr uint64_t kMaxBatchBytes = 64ull << 20;
 absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& request,
                                               const std::string& peer);
 
-/// Starts serving the call; deletes itself when gRPC is done with it.
+/// Starts serving the call, a SharedStream one when `shared`; deletes
+/// itself when gRPC is done with it.
 grpc::ServerGenericBidiReactor* NewStreamReactor(
-    const TransportContext& context, grpc::GenericCallbackServerContext* ctx);
+    const TransportContext& context, grpc::GenericCallbackServerContext* ctx,
+    bool shared);
 
 }  // namespace shardcast
 

@@ -926,3 +926,157 @@ TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
 
 }  // namespace
 }  // namespace shardcast
+
+namespace shardcast {
+namespace {
+
+// Every batch of a stream with all of its vectors (for comparisons).
+struct Received {
+  std::vector<std::vector<int64_t>> example_idx;
+  std::vector<std::vector<int32_t>> token_idx;
+  std::vector<std::vector<float>> vectors;
+  bool shared_memory = false;
+  absl::Status status;
+};
+
+Received ReadAllBatches(Client* client, const StreamRequest& req) {
+  Received r;
+  auto stream = client->OpenStream(req);
+  r.shared_memory = stream->shared_memory();
+  Batch b;
+  while (stream->Next(&b)) {
+    r.example_idx.emplace_back(b.example_idx().begin(), b.example_idx().end());
+    r.token_idx.emplace_back(b.token_idx().begin(), b.token_idx().end());
+    r.vectors.emplace_back(b.vectors().begin(), b.vectors().end());
+  }
+  r.status = stream->Finish();
+  return r;
+}
+
+TEST_F(DaemonTest, SharedMemoryAndMessagesDeliverTheSameBatches) {
+  daemon_ = StartDaemon();
+  auto shm_client = Connect();
+  ASSERT_NE(shm_client, nullptr);
+  ClientOptions no_shm;
+  no_shm.shared_memory = false;
+  auto msg_client = Client::Connect("unix:" + socket_, no_shm);
+  ASSERT_TRUE(msg_client.ok()) << msg_client.status();
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.layer = 6;
+  req.tokens = StreamRequest::Tokens::kAll;
+  req.batch_size = 96;
+  req.seed = 4;
+  req.epochs = 2;
+  // A client alone on its scan gets an order that is a function of (seed,
+  // epoch): both paths must give the very same batches.
+  const Received shm = ReadAllBatches(shm_client.get(), req);
+  const Received msg = ReadAllBatches(msg_client->get(), req);
+  ASSERT_TRUE(shm.status.ok()) << shm.status;
+  ASSERT_TRUE(msg.status.ok()) << msg.status;
+  EXPECT_TRUE(shm.shared_memory);
+  EXPECT_FALSE(msg.shared_memory);
+  EXPECT_EQ(shm.example_idx, msg.example_idx);
+  EXPECT_EQ(shm.token_idx, msg.token_idx);
+  ASSERT_EQ(shm.vectors.size(), msg.vectors.size());
+  // Every value of every vector against the generator (layer 6: index 1).
+  size_t rows = 0;
+  for (size_t i = 0; i < shm.vectors.size(); ++i) {
+    ASSERT_EQ(shm.vectors[i], msg.vectors[i]) << "batch " << i;
+    for (size_t r = 0; r < shm.example_idx[i].size(); ++r, ++rows) {
+      const int64_t e = shm.example_idx[i][r];
+      const int64_t t = shm.token_idx[i][r] + 1;  // token axis (CLS = 0)
+      for (int64_t k = 0; k < 32; ++k) {
+        ASSERT_EQ(shm.vectors[i][r * 32 + static_cast<size_t>(k)],
+                  Expected(e, 1, t, k))
+            << "example " << e << " token " << t << " dim " << k;
+      }
+    }
+  }
+  EXPECT_EQ(rows, 2u * 40 * 17) << "two epochs of 40 examples x 17 tokens";
+}
+
+TEST_F(DaemonTest, SharedMemorySocketIsGroupOnlyAndRegionsShowInStatus) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  struct stat st;
+  const std::string shm_socket = socket_ + ".shm";
+  ASSERT_EQ(::stat(shm_socket.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.batch_size = 64;
+  req.epochs = 0;
+  auto stream = client->OpenStream(req);
+  Batch b;
+  ASSERT_TRUE(stream->Next(&b));
+  ASSERT_TRUE(stream->shared_memory());
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->shm_regions, 1);
+  EXPECT_EQ(status->shm_streams, 1);
+  // 4 slots of 64 x 32 floats, each rounded up to whole pages.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t slot = (64 * 32 * 4 + page - 1) / page * page;
+  EXPECT_EQ(status->shm_bytes, 4 * slot);
+  stream->Cancel();
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+  for (int i = 0; i < 200; ++i) {
+    status = client->GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->shm_regions == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(status->shm_regions, 0) << "the region outlived its stream";
+  EXPECT_EQ(status->reservoir_bytes_reserved, 0u);
+  ::kill(daemon_->pid(), SIGTERM);
+  ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(20)), -1);
+  EXPECT_NE(::stat(shm_socket.c_str(), &st), 0) << "socket left behind";
+}
+
+TEST_F(DaemonTest, ARegionTheReservoirCannotSpareIsRefusedNamingTheFlag) {
+  // Two blocks of 4 MiB; a region of 4 slots of 4 MiB needs four.
+  daemon_ = StartDaemon({"--reservoir-bytes", "8M", "--block-bytes", "4M"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.order = StreamRequest::Order::kOrdered;
+  req.batch_size = (4 << 20) / (32 * 4);
+  Batch b;
+  auto stream = client->OpenStream(req);
+  EXPECT_FALSE(stream->Next(&b));
+  const absl::Status st = stream->Finish();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("--reservoir-bytes"), std::string::npos) << st;
+  // The message path needs no region.
+  ClientOptions no_shm;
+  no_shm.shared_memory = false;
+  auto plain = Client::Connect("unix:" + socket_, no_shm);
+  ASSERT_TRUE(plain.ok());
+  req.epochs = 1;
+  absl::Status done;
+  EXPECT_EQ(ReadStream(plain->get(), req, &done).size(), 40u * 2 * 16);
+  EXPECT_TRUE(done.ok()) << done;
+}
+
+TEST_F(DaemonTest, WithSharedMemoryDisabledStreamsUseMessages) {
+  daemon_ = StartDaemon({"--disable-shared-memory"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  struct stat st;
+  EXPECT_NE(::stat((socket_ + ".shm").c_str(), &st), 0);
+  StreamRequest req;
+  req.dataset = main_id_;
+  req.batch_size = 100;
+  auto stream = client->OpenStream(req);
+  Batch b;
+  EXPECT_TRUE(stream->Next(&b));
+  EXPECT_FALSE(stream->shared_memory());
+  stream->Cancel();
+}
+
+}  // namespace
+}  // namespace shardcast
