@@ -1,0 +1,346 @@
+"""The client: a connection to one shardcastd, in pure Python over grpcio.
+
+Why pure Python (README.md, "Python"): the payload never passes through
+Python. On a Unix socket the daemon writes each batch's vectors straight into
+a shared-memory slot this process maps, and a batch is a numpy view of that
+slot; only a small protobuf message (the batch's columns and the slot number)
+crosses gRPC. Over TCP the vectors arrive in the message and are viewed in
+place (one copy, by protobuf's parser). A compiled extension would save
+nothing per byte and would have to be built for every Python a cluster runs.
+"""
+
+import os
+import queue
+import threading
+import types
+
+import grpc
+import numpy as np
+
+from shardcast import _shm
+from shardcast.v1 import shardcast_pb2 as pb
+from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
+
+_MAX_MESSAGE = 80 << 20  # the daemon's: > 64 MiB payload + header
+_TOKENS = {"content": pb.TOKENS_CONTENT, "special": pb.TOKENS_SPECIAL,
+           "all": pb.TOKENS_ALL}
+_ORDERS = {"shuffled": pb.ORDER_SHUFFLED, "ordered": pb.ORDER_ORDERED}
+ADDRESS_VARIABLE = "SHARDCAST_ADDRESS"
+
+
+class Error(Exception):
+    """A failed call: `code` is the gRPC status code's name ("NOT_FOUND",
+    "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DATA_LOSS", ...) and `message`
+    the daemon's explanation."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def _from_rpc(cls, e):
+        code = e.code() if callable(getattr(e, "code", None)) else None
+        details = e.details() if callable(getattr(e, "details", None)) else str(e)
+        return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+def _record(message):
+    """A protobuf message as a plain object with the same field names."""
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            if field.label == field.LABEL_REPEATED:
+                value = [_record(v) for v in value]
+            else:
+                value = _record(value)
+        elif field.label == field.LABEL_REPEATED:
+            value = list(value)
+        out[field.name] = value
+    return types.SimpleNamespace(**out)
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as e:
+        raise Error._from_rpc(e) from None
+
+
+class Batch:
+    """One batch of a stream.
+
+    `vectors` is a float32 numpy array [rows, d_model]: on the shared-memory
+    path a view of the daemon's slot, valid until the next batch is requested
+    from the stream (use ``copy=True`` on the stream, or ``vectors.copy()``,
+    to keep it longer); over gRPC a view of the received message.
+    `example_idx` (int64), `token_idx` (int32, -1 for CLS), `layer` (int64,
+    when all layers are streamed, else None) and `labels` (uint8, 255 for CLS,
+    None without labels.bin) have one entry per row. `resume_token` reopens
+    the stream right after this batch.
+    """
+
+    __slots__ = ("vectors", "example_idx", "token_idx", "layer", "labels",
+                 "epoch", "index", "rows", "resume_token", "slot")
+
+    def __repr__(self):
+        return (f"Batch(epoch={self.epoch}, index={self.index}, rows={self.rows}, "
+                f"d_model={self.vectors.shape[1] if self.vectors.ndim == 2 else 0})")
+
+
+class Stream:
+    """An iterator of Batch objects; see Client.stream. Use it as a context
+    manager, or call close(), to end it early (the daemon frees its slots)."""
+
+    def __init__(self, client, request, shared_memory, slots, copy):
+        self._copy = copy
+        self._region = None
+        self._requests = None
+        self._held = None  # the slot the last batch views
+        self._done = False
+        self.resume_token = request.resume_token
+        self.shared_memory = False
+        path = _shm.socket_path(client.address) if shared_memory else None
+        if path is not None and os.path.exists(path) and request.batch_size > 0:
+            d_model = client.describe(request.dataset).d_model
+            try:
+                self._region = _shm.Region(path, slots, request.batch_size * d_model * 4)
+            except _shm.RegionRefused as e:
+                raise Error(_code_name(e.code), e.message) from None
+            self.shared_memory = True
+            self._requests = queue.SimpleQueue()
+            self._requests.put(pb.SharedStreamMessage(request=request,
+                                                      region=self._region.token))
+            self._call = client._stream.SharedStream(self._outgoing())
+        else:
+            self._call = client._stream.Stream(request)
+
+    def _outgoing(self):
+        while True:
+            message = self._requests.get()
+            if message is None:
+                return
+            yield message
+
+    def _release(self):
+        if self._held is not None:
+            self._requests.put(pb.SharedStreamMessage(release=[self._held]))
+            self._held = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        self._release()
+        try:
+            m = next(self._call)
+        except StopIteration:
+            self._end()
+            raise
+        except grpc.RpcError as e:
+            self._end()
+            raise Error._from_rpc(e) from None
+        b = Batch()
+        b.epoch, b.index, b.rows = m.epoch, m.index, m.rows
+        b.resume_token = self.resume_token = m.resume_token
+        rows, d = m.rows, m.d_model
+        b.example_idx = np.frombuffer(m.example_idx, dtype="<i8")
+        b.token_idx = np.frombuffer(m.token_idx, dtype="<i4")
+        b.layer = np.frombuffer(m.layer, dtype="<i8") if m.layer else None
+        b.labels = np.frombuffer(m.labels, dtype=np.uint8) if m.labels else None
+        b.slot = None
+        if self._region is not None:
+            if (not m.HasField("slot") or m.slot >= self._region.slots or
+                    rows * d * 4 > self._region.slot_bytes or m.vectors):
+                self.close()
+                raise Error("DATA_LOSS", f"batch {m.epoch}/{m.index} names slot "
+                            f"{m.slot} of {self._region.slots} for {rows} x {d} "
+                            "floats: not a valid slot")
+            vectors = np.frombuffer(self._region.buffer, dtype=np.float32,
+                                    count=rows * d,
+                                    offset=m.slot * self._region.slot_bytes)
+            if self._copy:
+                vectors = vectors.copy()
+                self._requests.put(pb.SharedStreamMessage(release=[m.slot]))
+            else:
+                self._held = b.slot = m.slot
+        else:
+            vectors = np.frombuffer(m.vectors, dtype=np.float32)
+            if self._copy:
+                vectors = vectors.copy()
+        if vectors.size != rows * d or b.example_idx.size != rows:
+            self.close()
+            raise Error("DATA_LOSS", f"batch {m.epoch}/{m.index} is malformed: "
+                        f"{rows} rows of {d} floats, {vectors.size} floats, "
+                        f"{b.example_idx.size} example indices")
+        b.vectors = vectors.reshape(rows, d)
+        return b
+
+    def _end(self):
+        self._done = True
+        if self._requests is not None:
+            self._requests.put(None)
+        if self._region is not None:
+            self._region.close()
+
+    def cancel(self):
+        """Asks the daemon to stop; iteration then raises Error("CANCELLED")."""
+        self._call.cancel()
+
+    def close(self):
+        """Ends the stream now (cancelling it if it is still running)."""
+        if not self._done:
+            self._call.cancel()
+            self._end()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _code_name(number):
+    """The gRPC status code name of `number` (absl and gRPC codes agree)."""
+    for status in grpc.StatusCode:
+        if status.value[0] == number:
+            return status.name
+    return "UNKNOWN"
+
+
+class Client:
+    """A connection to one shardcastd.
+
+    `address` is "unix:/path/to.sock" or "host:port" (default: the
+    SHARDCAST_ADDRESS environment variable). `tls_ca` (PEM file) turns on TLS
+    for TCP; `tls_cert`/`tls_key` add a client certificate (mutual TLS).
+    On a Unix socket, streams get their batches in shared memory unless
+    `shared_memory=False`; `slots` is how many batches the daemon may have
+    ready for one stream (2 to 16). Every method raises Error on failure.
+    Thread-safe (grpcio channels are); a Stream belongs to one thread.
+    """
+
+    def __init__(self, address=None, *, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None, shared_memory=True, slots=4, timeout=5.0):
+        address = address or os.environ.get(ADDRESS_VARIABLE)
+        if not address:
+            raise Error("INVALID_ARGUMENT", "no daemon address: pass one or set "
+                        f"{ADDRESS_VARIABLE} (e.g. unix:/run/shardcast/shardcastd.sock)")
+        self.address = address
+        self.shared_memory = shared_memory
+        self.slots = max(2, min(16, int(slots)))
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        if tls_ca and not address.startswith("unix:"):
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(
+                read(tls_ca), read(tls_key) if tls_key else None,
+                read(tls_cert) if tls_cert else None)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise Error("UNAVAILABLE", f"cannot connect to shardcastd at {address} "
+                        f"within {timeout} s (is it running? right address/TLS?)") from None
+        self._admin = pb_grpc.AdminStub(self._channel)
+        self._query = pb_grpc.QueryStub(self._channel)
+        self._stream = pb_grpc.StreamStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def datasets(self):
+        """Every dataset the daemon found, rejected ones too (ok=False, error)."""
+        reply = _call(self._admin.ListDatasets, pb.ListDatasetsRequest())
+        return [_record(d) for d in reply.datasets]
+
+    def describe(self, dataset):
+        """One dataset by id or unique prefix (>= 8 characters)."""
+        return _record(_call(self._admin.DescribeDataset,
+                             pb.DescribeDatasetRequest(dataset=dataset)))
+
+    def status(self):
+        """The daemon's counters, shared scans and shared-memory regions."""
+        return _record(_call(self._admin.GetStatus, pb.GetStatusRequest()))
+
+    def get_vectors(self, dataset, coords):
+        """float32 [N, D]: the vectors at `coords`, a sequence (or [N, 3]
+        array) of (example, layer value, token index on the token axis)."""
+        coords = np.asarray(coords, dtype=np.int64).reshape(-1, 3)
+        request = pb.GetVectorsRequest(dataset=dataset, coordinates=[
+            pb.Coordinate(example=int(e), layer=int(l), token=int(t))
+            for e, l, t in coords])
+        return self._vectors(_call(self._query.GetVectors, request))
+
+    def get_example(self, dataset, example, layer=None):
+        """float32 [T, D] of one layer of an example, or [L, T, D]."""
+        request = pb.GetExampleRequest(dataset=dataset, example=example)
+        if layer is not None:
+            request.layer = layer
+        return self._vectors(_call(self._query.GetExample, request))
+
+    def get_labels(self, dataset, example):
+        """uint8 [content tokens]: the example's labels (NOT_FOUND without)."""
+        reply = _call(self._query.GetLabels,
+                      pb.GetLabelsRequest(dataset=dataset, example=example))
+        return np.frombuffer(reply.labels, dtype=np.uint8)
+
+    @staticmethod
+    def _vectors(reply):
+        values = np.frombuffer(reply.data, dtype=np.float32)
+        shape = tuple(reply.shape)
+        if int(np.prod(shape)) != values.size:
+            raise Error("DATA_LOSS", f"reply shape {shape} holds {int(np.prod(shape))} "
+                        f"floats but carries {values.size}")
+        return values.reshape(shape)
+
+    def stream(self, dataset, *, layer=None, tokens="content", order="shuffled",
+               batch_size=4096, seed=0, epochs=1, rank=0, world_size=1,
+               drop_last=False, exclude_labels=(), resume_token=b"", copy=False,
+               shared_memory=None):
+        """A Stream of Batch objects (README.md, "The daemon", Stream).
+
+        `layer`: a recorded layer value, or None for all layers; `tokens`:
+        "content", "special" (CLS) or "all"; `order`: "shuffled" (trainers:
+        one shared disk pass) or "ordered" (disk order); `epochs`: 0 streams
+        for ever; `rank`/`world_size`: this client's partition;
+        `exclude_labels`: drop content tokens with these labels;
+        `resume_token`: a Batch's token, to continue right after it. With
+        `copy=True` each batch owns its vectors (the slot goes back at once).
+        """
+        if tokens not in _TOKENS:
+            raise Error("INVALID_ARGUMENT", f"tokens={tokens!r}: content, special or all")
+        if order not in _ORDERS:
+            raise Error("INVALID_ARGUMENT", f"order={order!r}: shuffled or ordered")
+        request = pb.StreamRequest(
+            dataset=dataset, tokens=_TOKENS[tokens], order=_ORDERS[order],
+            batch_size=batch_size, seed=seed, epochs=epochs, rank=rank,
+            world_size=world_size, drop_last=drop_last,
+            exclude_labels=[int(x) for x in exclude_labels],
+            resume_token=bytes(resume_token))
+        if layer is not None:
+            request.layer = layer
+        use_shm = self.shared_memory if shared_memory is None else shared_memory
+        return Stream(self, request, use_shm, self.slots, copy)

@@ -1,0 +1,1 @@
+"""Drop-in replacements for other loaders, served by shardcastd."""

@@ -1,0 +1,125 @@
+"""PyTorch adapter: a shardcastd stream as a torch IterableDataset.
+
+    from shardcast.torch import ShardcastDataset
+    data = ShardcastDataset(dataset_id, layer=12, batch_size=4096, epochs=1,
+                            pin_memory=True)
+    for batch in torch.utils.data.DataLoader(data, batch_size=None):
+        x = batch["vectors"].cuda(non_blocking=True)   # [4096, d_model]
+
+Each item is a whole batch: a dict of tensors made without copies from the
+stream's numpy views ("vectors" float32 [B, D], "example_idx" int64,
+"token_idx" int32, and "layer" / "labels" when the stream has them). On the
+shared-memory path "vectors" views the daemon's slot and stays valid until
+the next batch is drawn (pass copy=True to keep batches longer). With
+pin_memory=True the slots are registered with CUDA (cudaHostRegister), so the
+copy to the GPU is a DMA from the slot, with no copy on the CPU.
+
+Partitions: rank and world size come from torch.distributed when it is
+initialised (or are given), and DataLoader workers split a rank's partition
+further (worker w of n reads partition rank * n + w of world_size * n). With
+workers, torch moves each batch to the main process through its own shared
+memory (a copy); num_workers=0 is the zero-copy setting, and the daemon does
+the loading work anyway.
+
+Checkpointing: state_dict() holds the last batch's resume token;
+load_state_dict() makes the next iteration continue right after it.
+"""
+
+import torch
+import torch.utils.data
+
+from shardcast._client import Client
+
+
+def _register(buffer):
+    """Registers a mapped region with CUDA (page-locked: DMA-able)."""
+    import ctypes
+    view = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+    address = ctypes.addressof(view)
+    del view  # the mapping must not stay exported
+    err = torch.cuda.cudart().cudaHostRegister(address, len(buffer), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {len(buffer)} bytes failed: {err}")
+    return address
+
+
+class ShardcastDataset(torch.utils.data.IterableDataset):
+    """Batches of a shardcastd stream as dicts of tensors (see the module).
+
+    `address` defaults to $SHARDCAST_ADDRESS; the other arguments are those
+    of Client.stream. `rank`/`world_size` default to torch.distributed's.
+    """
+
+    def __init__(self, dataset, *, address=None, layer=None, tokens="content",
+                 order="shuffled", batch_size=4096, seed=0, epochs=1,
+                 drop_last=False, exclude_labels=(), rank=None, world_size=None,
+                 pin_memory=False, copy=False, shared_memory=True, slots=4):
+        super().__init__()
+        self.dataset = dataset
+        self.address = address
+        self.kwargs = dict(layer=layer, tokens=tokens, order=order,
+                           batch_size=batch_size, seed=seed, epochs=epochs,
+                           drop_last=drop_last, exclude_labels=tuple(exclude_labels),
+                           copy=copy)
+        self.rank, self.world_size = rank, world_size
+        self.pin_memory = pin_memory
+        self.shared_memory = shared_memory
+        self.slots = slots
+        self._resume_token = b""
+        self._last_token = b""
+
+    def partition(self):
+        """(rank, world_size) this iterator reads, workers included."""
+        rank, world = self.rank, self.world_size
+        if rank is None or world is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world = dist.get_world_size() if world is None else world
+            else:
+                rank = 0 if rank is None else rank
+                world = 1 if world is None else world
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            rank, world = rank * info.num_workers + info.id, world * info.num_workers
+        return rank, world
+
+    def __iter__(self):
+        rank, world = self.partition()
+        # A client per iterator (per worker process): channels do not survive
+        # a fork.
+        client = Client(self.address, shared_memory=self.shared_memory,
+                        slots=self.slots)
+        stream = client.stream(self.dataset, rank=rank, world_size=world,
+                               resume_token=self._resume_token, **self.kwargs)
+        self._resume_token = b""
+        registered = None
+        try:
+            for b in stream:
+                if self.pin_memory and stream.shared_memory and registered is None:
+                    registered = _register(stream._region.buffer)
+                vectors = torch.from_numpy(b.vectors)
+                if self.pin_memory and not stream.shared_memory:
+                    vectors = vectors.pin_memory()
+                item = {"vectors": vectors,
+                        "example_idx": torch.from_numpy(b.example_idx.copy()),
+                        "token_idx": torch.from_numpy(b.token_idx.copy())}
+                if b.layer is not None:
+                    item["layer"] = torch.from_numpy(b.layer.copy())
+                if b.labels is not None:
+                    item["labels"] = torch.from_numpy(b.labels.copy())
+                self._last_token = b.resume_token
+                yield item
+        finally:
+            stream.close()
+            if registered is not None:
+                torch.cuda.cudart().cudaHostUnregister(registered)
+            client.close()
+
+    def state_dict(self):
+        """{"resume_token": the last batch's token} (bytes)."""
+        return {"resume_token": self._last_token}
+
+    def load_state_dict(self, state):
+        """The next iteration continues right after the saved batch."""
+        self._resume_token = bytes(state.get("resume_token", b""))
