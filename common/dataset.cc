@@ -3,22 +3,29 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/checked.h"
 #include "common/file.h"
+#include "common/limits.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
 namespace shardcast {
 namespace {
 
+// Whether a directory entry exists, a dangling symlink included: a
+// labels.bin that points nowhere is an error when opened, never "no labels".
 bool Exists(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
@@ -28,7 +35,7 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
 
 absl::Status CheckFileSize(const std::string& path, uint64_t expected,
                            uint64_t alternative, absl::string_view what) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
   ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
   if (size == expected || size == alternative) return absl::OkStatus();
   std::string msg = absl::StrCat(path, ": ", size, " bytes, expected ",
@@ -77,27 +84,57 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   return info;
 }
 
-std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
-  std::vector<absl::Status> problems;
+namespace {
+
+// The sizes a data file of the dataset may have: {exact, alternative}
+// (a shard may also be full-size: saev preallocates the last one), and what
+// it holds, for messages. nullopt for names that are not data files.
+struct AcceptedSize {
+  uint64_t exact;
+  uint64_t alternative;
+  std::string what;
+};
+
+std::optional<AcceptedSize> DataFileSize(const DatasetInfo& info,
+                                         absl::string_view name) {
   const DatasetDesc& d = info.desc;
-  const uint64_t full =
-      static_cast<uint64_t>(d.examples_per_shard) * d.example_bytes();
-  for (const ShardEntry& s : d.shards) {
-    if (s.n_examples == 0) continue;  // trailing empty entry: file optional
-    const uint64_t exact =
-        static_cast<uint64_t>(s.n_examples) * d.example_bytes();
-    absl::Status st = CheckFileSize(JoinPath(info.dir, s.name), exact, full,
-                                    absl::StrCat(s.n_examples, " examples x ",
-                                                 d.example_bytes(), " bytes"));
-    if (!st.ok()) problems.push_back(std::move(st));
-  }
-  if (info.has_labels) {
+  if (name == kLabelsFile) {
     const uint64_t expected = static_cast<uint64_t>(d.n_examples) *
                               static_cast<uint64_t>(d.content_tokens);
-    absl::Status st =
-        CheckFileSize(JoinPath(info.dir, kLabelsFile), expected, expected,
-                      absl::StrCat("uint8 [n_examples=", d.n_examples,
-                                   ", content_tokens=", d.content_tokens, "]"));
+    return AcceptedSize{
+        expected, expected,
+        absl::StrCat("uint8 [n_examples=", d.n_examples,
+                     ", content_tokens=", d.content_tokens, "]")};
+  }
+  for (const ShardEntry& s : d.shards) {
+    if (s.name != name || s.n_examples == 0) continue;
+    // Below the bound ParseMetadata checked: no overflow.
+    const uint64_t exact =
+        static_cast<uint64_t>(s.n_examples) * d.example_bytes();
+    // Where a full shard's size does not fit the bound no file can have it.
+    const std::optional<uint64_t> full = CheckedMul<uint64_t>(
+        static_cast<uint64_t>(d.examples_per_shard), d.example_bytes());
+    return AcceptedSize{
+        exact, full && *full <= limits::kMaxDatasetBytes ? *full : exact,
+        absl::StrCat(s.n_examples, " examples x ", d.example_bytes(),
+                     " bytes")};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
+  std::vector<absl::Status> problems;
+  std::vector<std::string> names;
+  for (const ShardEntry& s : info.desc.shards) {
+    if (s.n_examples > 0) names.push_back(s.name);  // empty: file optional
+  }
+  if (info.has_labels) names.push_back(kLabelsFile);
+  for (const std::string& name : names) {
+    const AcceptedSize size = *DataFileSize(info, name);
+    absl::Status st = CheckFileSize(JoinPath(info.dir, name), size.exact,
+                                    size.alternative, size.what);
     if (!st.ok()) problems.push_back(std::move(st));
   }
   return problems;
@@ -122,7 +159,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseChecksums(
         (line[65] != ' ' && line[65] != '*')) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": line ", line_no,
-                       " is not '<sha256>  <file>': \"", line, "\""));
+                       " is not '<sha256>  <file>': \"", Quoted(line), "\""));
     }
     std::string hex(line.substr(0, 64));
     for (char& c : hex) {
@@ -161,6 +198,19 @@ std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
   }
   for (const auto& [name, hex] : *entries) {
     const std::string file = JoinPath(info.dir, name);
+    // A file of the wrong size is reported, not hashed: a shard replaced by
+    // a huge sparse file would otherwise keep verify busy for hours.
+    const std::optional<AcceptedSize> accepted = DataFileSize(info, name);
+    const uint64_t most = accepted
+                              ? std::max(accepted->exact, accepted->alternative)
+                              : limits::kMaxJsonBytes;
+    absl::StatusOr<uint64_t> size = FileSize(file);
+    if (size.ok() && *size > most) {
+      problems.push_back(absl::DataLossError(
+          absl::StrCat(file, ": ", *size, " bytes, more than the ", most,
+                       " it may have; not hashed")));
+      continue;
+    }
     absl::StatusOr<std::string> digest = Sha256File(file, [&](uint64_t n) {
       done += n;
       if (progress != nullptr) progress(done, total);

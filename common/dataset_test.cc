@@ -4,6 +4,7 @@
 #include "common/dataset.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -483,6 +484,91 @@ TEST(ParseChecksums, RejectsGarbageNamingTheLine) {
     EXPECT_THAT(Msg(r.status()), HasSubstr("dir/SHA256SUMS"));
     EXPECT_THAT(Msg(r.status()), HasSubstr("line 2"));
   }
+}
+
+// ------------------------------------------------- files that are not files
+
+TEST(ReadDatasetInfo, FifoInPlaceOfAShardIsRefusedWithoutBlocking) {
+  // open() of a FIFO without a writer used to wait for ever (at daemon
+  // start-up and rescan, and in verify).
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  ASSERT_EQ(::unlink((dir + "/acts000001.bin").c_str()), 0);
+  ASSERT_EQ(::mkfifo((dir + "/acts000001.bin").c_str(), 0644), 0);
+  absl::StatusOr<DatasetInfo> info = OpenDatasetInfo(dir);
+  ASSERT_FALSE(info.ok());
+  EXPECT_THAT(Msg(info.status()), HasSubstr("acts000001.bin"));
+  EXPECT_THAT(Msg(info.status()), HasSubstr("not a regular file"));
+}
+
+TEST(ReadDatasetInfo, FifoInPlaceOfMetadataIsRefusedWithoutBlocking) {
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  ASSERT_EQ(::unlink((dir + "/metadata.json").c_str()), 0);
+  ASSERT_EQ(::mkfifo((dir + "/metadata.json").c_str(), 0644), 0);
+  absl::StatusOr<DatasetInfo> info = ReadDatasetInfo(dir);
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(info.status()), HasSubstr("a FIFO"));
+}
+
+TEST(ReadDatasetInfo, DanglingLabelsSymlinkIsAnErrorNotNoLabels) {
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  ASSERT_EQ(::symlink("/nonexistent/labels.bin", (dir + "/labels.bin").c_str()),
+            0);
+  absl::StatusOr<DatasetInfo> info = OpenDatasetInfo(dir);
+  ASSERT_FALSE(info.ok()) << "served as a dataset without labels";
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(info.status()), HasSubstr("labels.bin"));
+}
+
+TEST(ReadDatasetInfo, DeeplyNestedMetadataIsRefusedWithoutOverflowingTheStack) {
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  // 100,000 brackets: recursion per level (hashing, dump) overflowed before.
+  WriteFile(dir + "/metadata.json",
+            std::string(100000, '[') + std::string(100000, ']'));
+  absl::StatusOr<DatasetInfo> info = ReadDatasetInfo(dir);
+  ASSERT_FALSE(info.ok());
+  EXPECT_THAT(Msg(info.status()), HasSubstr("nested deeper than 64"));
+}
+
+TEST(VerifyChecksums, AShardReplacedByAHugeSparseFileIsReportedNotHashed) {
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin > SHA256SUMS"), 0);
+  absl::StatusOr<DatasetInfo> info = ReadDatasetInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  // 1 TiB of holes: hashing it would take hours.
+  ASSERT_EQ(::truncate((dir + "/acts000002.bin").c_str(), int64_t{1} << 40), 0);
+  std::vector<absl::Status> problems = VerifyChecksums(*info);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(Msg(problems[0]), HasSubstr("acts000002.bin"));
+  EXPECT_THAT(Msg(problems[0]), HasSubstr("not hashed"));
+}
+
+TEST(VerifyChecksums, SymlinkToDevZeroIsRefusedNotHashed) {
+  TempRoot root;
+  const std::string dir = MakeDataset(root.path(), "d");
+  ASSERT_EQ(RunShell("cd '" + dir + "' && sha256sum *.bin > SHA256SUMS"), 0);
+  absl::StatusOr<DatasetInfo> info = ReadDatasetInfo(dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(::unlink((dir + "/acts000000.bin").c_str()), 0);
+  ASSERT_EQ(::symlink("/dev/zero", (dir + "/acts000000.bin").c_str()), 0);
+  std::vector<absl::Status> problems = VerifyChecksums(*info);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_THAT(Msg(problems[0]), HasSubstr("acts000000.bin"));
+  EXPECT_THAT(Msg(problems[0]), HasSubstr("character device"));
+}
+
+TEST(ParseChecksums, AMalformedLineIsQuotedCutToABoundedLength) {
+  const std::string line(1 << 20, 'x');
+  auto parsed = ParseChecksums(line, "SHA256SUMS");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_LT(parsed.status().message().size(), 400u);
+  EXPECT_THAT(Msg(parsed.status()), HasSubstr("(1048576 bytes)"));
 }
 
 }  // namespace

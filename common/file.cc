@@ -35,6 +35,35 @@ absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
   return UniqueFd(fd);
 }
 
+namespace {
+
+absl::string_view FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: open() of a FIFO without a writer would wait for one; on a
+  // regular file the flag changes nothing.
+  ASSIGN_OR_RETURN(UniqueFd fd,
+                   OpenFile(path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is ", FileKind(st.st_mode), ", not a regular file"));
+  }
+  return fd;
+}
+
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -111,7 +140,7 @@ absl::Status FsyncDirectory(const std::string& path) {
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
                                              uint64_t max_bytes) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
   ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
   if (size > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -42,6 +42,12 @@ class UniqueFd {
 absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
                                   int mode = 0644);
 
+/// Opens `path` for reading, refusing anything but a regular file (after
+/// following symlinks) without blocking: a FIFO, a device such as /dev/zero,
+/// a socket or a directory is FAILED_PRECONDITION naming what it is. Every
+/// file read from a dataset or a configuration goes through here.
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path);
+
 /// Size of the file behind `fd` (fstat). `path` is only used in messages.
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 

@@ -17,7 +17,6 @@ namespace {
 
 class FileTest : public ::testing::Test {
  protected:
-
   // True while `fd` is an open descriptor of this process.
   static bool IsOpen(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
 
@@ -111,6 +110,31 @@ TEST(FilePaths, JoinBaseAndDirNameHandleSlashes) {
   EXPECT_EQ(BaseName("b"), "b");
   EXPECT_EQ(DirName("a/b"), "a");
   EXPECT_EQ(DirName("b"), ".");
+}
+
+TEST_F(FileTest, OpenRegularFileRefusesWhatIsNotAFileWithoutBlocking) {
+  const std::string fifo = JoinPath(dir_, "fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  absl::StatusOr<UniqueFd> f = OpenRegularFile(fifo);  // must not block
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(f.status().message().find("is a FIFO"), std::string::npos);
+
+  const std::string zero = JoinPath(dir_, "zero");
+  ASSERT_EQ(::symlink("/dev/zero", zero.c_str()), 0);
+  f = OpenRegularFile(zero);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("character device"), std::string::npos);
+
+  f = OpenRegularFile(dir_);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("a directory"), std::string::npos);
+
+  const std::string file = JoinPath(dir_, "file");
+  ASSERT_TRUE(WriteNewFile(file, "abc").ok());
+  ASSERT_TRUE(OpenRegularFile(file).ok());
+  // ReadFileToString goes through it too.
+  EXPECT_FALSE(ReadFileToString(fifo).ok());
 }
 
 }  // namespace

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/checked.h"
+#include "common/limits.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
@@ -67,8 +70,11 @@ absl::StatusOr<const Json*> Field(const Json& obj, absl::string_view source,
   return &*it;
 }
 
+// An integer field in [min_value, max_value]; the bounds come from
+// common/limits.h so that the geometry's products are checked once, here.
 absl::StatusOr<int64_t> IntField(const Json& obj, absl::string_view source,
-                                 const char* name, int64_t min_value) {
+                                 const char* name, int64_t min_value,
+                                 int64_t max_value) {
   ASSIGN_OR_RETURN(const Json* v, Field(obj, source, name));
   if (!v->is_number_integer()) {
     return absl::InvalidArgumentError(
@@ -85,6 +91,12 @@ absl::StatusOr<int64_t> IntField(const Json& obj, absl::string_view source,
   if (value < min_value) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": field '", name, "' = ", value, " must be >= ", min_value));
+  }
+  if (value > max_value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": field '", name, "' = ", value,
+                     " is larger than this build reads (at most ", max_value,
+                     ", common/limits.h)"));
   }
   return value;
 }
@@ -246,6 +258,11 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
           source, ": field 'layers' value ", l.dump(), " is too large"));
     }
     const int64_t value = l.get<int64_t>();
+    if (static_cast<int64_t>(d.layers.size()) == limits::kMaxLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": field 'layers' lists more than ",
+                       limits::kMaxLayers, " layers (common/limits.h)"));
+    }
     if (std::find(d.layers.begin(), d.layers.end(), value) != d.layers.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": field 'layers' lists layer ", value,
@@ -255,7 +272,8 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
   }
 
   ASSIGN_OR_RETURN(d.content_tokens,
-                   IntField(m, source, names.content_tokens, 0));
+                   IntField(m, source, names.content_tokens, 0,
+                            limits::kMaxTokensPerExample - 1));
   ASSIGN_OR_RETURN(const Json* cls, Field(m, source, "cls_token"));
   if (!cls->is_boolean()) {
     return absl::InvalidArgumentError(
@@ -269,9 +287,15 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
         absl::StrCat(source, ": an example has no tokens ('",
                      names.content_tokens, "' = 0 and cls_token = false)"));
   }
-  ASSIGN_OR_RETURN(d.d_model, IntField(m, source, names.d_model, 1));
-  ASSIGN_OR_RETURN(d.n_examples, IntField(m, source, names.n_examples, 0));
-  ASSIGN_OR_RETURN(d.token_budget, IntField(m, source, names.budget, 1));
+  ASSIGN_OR_RETURN(d.d_model,
+                   IntField(m, source, names.d_model, 1, limits::kMaxDModel));
+  ASSIGN_OR_RETURN(d.n_examples, IntField(m, source, names.n_examples, 0,
+                                          limits::kMaxExamples));
+  ASSIGN_OR_RETURN(d.token_budget,
+                   IntField(m, source, names.budget, 1,
+                            std::numeric_limits<int64_t>::max()));
+
+  // Bounded fields: T * L <= 2^36 and T * L * D * 4 <= 2^58 (limits.h).
 
   const int64_t per_example = d.tokens_per_example * d.num_layers();
   d.examples_per_shard = d.token_budget / per_example;
@@ -283,15 +307,19 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
         source, names.budget, d.token_budget, d.tokens_per_example,
         d.num_layers(), d.examples_per_shard, names.budget));
   }
-  // Byte offsets must fit in 64 bits with room to spare.
-  const double shard_bytes = static_cast<double>(d.examples_per_shard) *
-                             static_cast<double>(d.example_bytes());
-  if (shard_bytes > 1e18 ||
-      static_cast<double>(d.d_model) * per_example > 1e15) {
+  // The bytes of the examples it claims, and of the shards those fill, must
+  // fit the dataset bound: every offset computed later is below them.
+  const std::optional<uint64_t> total = CheckedMul<uint64_t>(
+      static_cast<uint64_t>(d.n_examples), d.example_bytes());
+  const std::optional<uint64_t> shard = CheckedMul<uint64_t>(
+      static_cast<uint64_t>(std::min(d.examples_per_shard, d.n_examples)),
+      d.example_bytes());
+  if (!total || !shard || *total > limits::kMaxDatasetBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": geometry is implausibly large (",
-                     d.examples_per_shard, " examples of ", per_example,
-                     " vectors of ", d.d_model, " floats per shard)"));
+        absl::StrCat(source, ": geometry is implausibly large (", d.n_examples,
+                     " examples of ", per_example, " vectors of ", d.d_model,
+                     " floats: more than the ", limits::kMaxDatasetBytes >> 50,
+                     " PiB this build reads, common/limits.h)"));
   }
   return d;
 }
@@ -307,6 +335,11 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
   const char* other_key = d->variant == Variant::kV1 ? "n_examples" : "n_imgs";
   d->shards.clear();
   int64_t sum = 0;
+  if (shards.size() > static_cast<size_t>(limits::kMaxShards)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": lists ", shards.size(), " shards; at most ",
+                     limits::kMaxShards, " are read (common/limits.h)"));
+  }
   for (size_t i = 0; i < shards.size(); ++i) {
     const Json& e = shards[i];
     const std::string where = absl::StrCat(source, ": entry ", i);
@@ -318,7 +351,8 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
     ASSIGN_OR_RETURN(entry.name, StringField(e, where, "name"));
     const char* key =
         e.contains(count_key) || !e.contains(other_key) ? count_key : other_key;
-    ASSIGN_OR_RETURN(entry.n_examples, IntField(e, where, key, 0));
+    ASSIGN_OR_RETURN(entry.n_examples,
+                     IntField(e, where, key, 0, limits::kMaxExamples));
     const std::string expected = ShardFileName(static_cast<int64_t>(i));
     if (entry.name != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -331,7 +365,12 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
           " examples but a shard holds at most examples_per_shard = ",
           d->examples_per_shard));
     }
-    sum += entry.n_examples;
+    sum += entry.n_examples;  // <= kMaxExamples before, so no overflow
+    if (sum > limits::kMaxExamples) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": shard entries hold more than ",
+                       limits::kMaxExamples, " examples (common/limits.h)"));
+    }
     d->shards.push_back(std::move(entry));
   }
   // All shards before the last non-empty one must be full; empty entries may

@@ -551,5 +551,64 @@ TEST(ParseMetadata, LayerValueBeyondInt64IsRejected) {
                 "layers");
 }
 
+// ---------------------------------------------------- arithmetic limits
+// Geometries whose products wrap 64 bits: before common/limits.h, T * L
+// wrapped to 0 (SIGFPE in budget // (T * L)) or to a small number that
+// passed every later check. Expected bounds are limits.h's, written out.
+
+TEST(ParseMetadata, TokenCountWhoseSumWithClsWrapsIsRejectedNamingTheField) {
+  // 2^63 - 1 content tokens + CLS wrapped to INT64_MIN.
+  ExpectInvalid(J(SpecText("[3]", 9223372036854775807, true, 4, 10, 40)),
+                "patches_per_ex");
+}
+
+TEST(ParseMetadata, TokensTimesLayersThatWrapToZeroAreRejected) {
+  // 2^62 tokens x 4 layers = 2^64 = 0 in uint64: a division by zero before.
+  ExpectInvalid(J(SpecText("[1,2,3,4]", int64_t{1} << 62, false, 4, 10,
+                           int64_t{1} << 40)),
+                "patches_per_ex");
+}
+
+TEST(ParseMetadata, DModelOverTheLimitIsRejectedNamingTheLimit) {
+  ExpectInvalid(J(SpecText("[3]", 6, false, (int64_t{1} << 20) + 1, 10, 40)),
+                "at most 1048576");
+}
+
+TEST(ParseMetadata, LargestBoundedFieldsAreAcceptedWithExactGeometry) {
+  // d_model 2^20, T 2^24 - 1 + CLS = 2^24, one layer, 2 examples, one per
+  // shard: example bytes = 2^24 * 2^20 * 4 = 2^46.
+  const DatasetDesc d =
+      MustParse(J(SpecText("[0]", (int64_t{1} << 24) - 1, true,
+                           int64_t{1} << 20, 2, int64_t{1} << 24)));
+  EXPECT_EQ(d.example_bytes(), uint64_t{1} << 46);
+  EXPECT_EQ(d.examples_per_shard, 1);
+}
+
+TEST(ParseMetadata, DatasetBytesOverTheBoundAreRejected) {
+  // 2^40 examples x (2^20 floats x 4 B x 2^10 tokens) = 2^72 bytes.
+  ExpectInvalid(J(SpecText("[3]", int64_t{1} << 10, false, int64_t{1} << 20,
+                           int64_t{1} << 40, int64_t{1} << 20)),
+                "implausibly large");
+}
+
+TEST(ParseMetadata, TooManyLayersAreRejected) {
+  std::vector<int> layers(4097);
+  for (size_t i = 0; i < layers.size(); ++i) layers[i] = static_cast<int>(i);
+  ExpectInvalid(J(SpecText(absl::StrCat("[", absl::StrJoin(layers, ","), "]"),
+                           6, false, 4, 10, int64_t{1} << 40)),
+                "more than 4096 layers");
+}
+
+TEST(ParseShards, EntriesWhoseSumWouldWrapAreRejected) {
+  // Each entry within examples_per_shard, the sum past 2^40 (and, with
+  // enough entries, past 2^63 before the check existed).
+  DatasetDesc d = MustParse(
+      J(SpecText("[3]", 1, false, 4, int64_t{1} << 40, int64_t{1} << 41)));
+  absl::Status st = ParseShards(Shards({int64_t{1} << 40, int64_t{1} << 40}),
+                                "shards.json", &d);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("more than"));
+}
+
 }  // namespace
 }  // namespace shardcast

@@ -56,7 +56,7 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
 absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
   NpyFile npy;
   npy.path = path;
-  ASSIGN_OR_RETURN(npy.fd, OpenFile(path, O_RDONLY));
+  ASSIGN_OR_RETURN(npy.fd, OpenRegularFile(path));
   ASSIGN_OR_RETURN(uint64_t size, FileSize(npy.fd.get(), path));
   unsigned char preamble[12];
   if (size < 10) {

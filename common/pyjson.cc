@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/limits.h"
 
 namespace shardcast {
 namespace {
@@ -29,10 +30,32 @@ class StrictDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
     return Base::number_float(value, raw);
   }
 
+  // Nesting is bounded (limits::kMaxJsonDepth): everything that walks a
+  // Json later (hashing, dump, destruction) recurses once per level.
+  bool start_object(std::size_t n) { return Deeper() && Base::start_object(n); }
+  bool start_array(std::size_t n) { return Deeper() && Base::start_array(n); }
+  bool end_object() {
+    --depth_;
+    return Base::end_object();
+  }
+  bool end_array() {
+    --depth_;
+    return Base::end_array();
+  }
+
   const std::string& overflow_text() const { return overflow_text_; }
+  bool too_deep() const { return too_deep_; }
 
  private:
+  bool Deeper() {
+    if (++depth_ <= limits::kMaxJsonDepth) return true;
+    too_deep_ = true;
+    return false;
+  }
+
   std::string overflow_text_;
+  int depth_ = 0;
+  bool too_deep_ = false;
 };
 
 void AppendHex4(std::string& out, unsigned value) {
@@ -225,11 +248,21 @@ void AppendValue(std::string& out, const Json& value,
 
 absl::StatusOr<Json> ParseJson(absl::string_view text,
                                absl::string_view source) {
+  if (text.size() > limits::kMaxJsonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", text.size(), " bytes of JSON; at most ",
+                     limits::kMaxJsonBytes, " are read (common/limits.h)"));
+  }
   Json result;
   StrictDomParser parser(result, /*allow_exceptions=*/true);
   try {
     const bool ok = Json::sax_parse(text.begin(), text.end(), &parser);
     if (!ok) {
+      if (parser.too_deep()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": JSON nested deeper than ",
+                         limits::kMaxJsonDepth, " levels"));
+      }
       if (!parser.overflow_text().empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": integer ", parser.overflow_text(),

@@ -352,5 +352,30 @@ TEST(Utf8, ValidUtf8ReplacesBadBytesAndKeepsGoodOnes) {
             "b");  // U+FFFD
 }
 
+TEST(ParseJson, NestingIsBoundedAtTheLimit) {
+  // 64 levels are read; 65 are refused with a message (limits.h).
+  const std::string ok = std::string(64, '[') + std::string(64, ']');
+  EXPECT_TRUE(ParseJson(ok, "f.json").ok());
+  const std::string deep = std::string(65, '[') + std::string(65, ']');
+  absl::StatusOr<Json> j = ParseJson(deep, "f.json");
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(j.status().message().find("nested deeper than 64"),
+            std::string::npos)
+      << j.status();
+  // Objects count as levels too.
+  std::string objs;
+  for (int i = 0; i < 65; ++i) objs += "{\"a\":";
+  objs += "1" + std::string(65, '}');
+  EXPECT_FALSE(ParseJson(objs, "f.json").ok());
+}
+
+TEST(ParseJson, TextOverTheSizeLimitIsRefusedBeforeParsing) {
+  const std::string big((64 << 20) + 1, ' ');
+  absl::StatusOr<Json> j = ParseJson(big, "f.json");
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("bytes of JSON"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardcast

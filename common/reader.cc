@@ -15,16 +15,15 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     UniqueFd fd;
     if (s.n_examples > 0) {
       ASSIGN_OR_RETURN(fd,
-                       OpenFile(JoinPath(reader->info_.dir, s.name), O_RDONLY));
+                       OpenRegularFile(JoinPath(reader->info_.dir, s.name)));
     }
     reader->shard_fds_.push_back(std::move(fd));
     reader->shard_paths_.push_back(JoinPath(reader->info_.dir, s.name));
   }
   reader->labels_path_ = JoinPath(reader->info_.dir, kLabelsFile);
   if (reader->info_.has_labels) {
-    ASSIGN_OR_RETURN(
-        reader->labels_fd_,
-        OpenFile(JoinPath(reader->info_.dir, kLabelsFile), O_RDONLY));
+    ASSIGN_OR_RETURN(reader->labels_fd_,
+                     OpenRegularFile(JoinPath(reader->info_.dir, kLabelsFile)));
   }
   return reader;
 }

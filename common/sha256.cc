@@ -58,7 +58,7 @@ std::string Sha256Hex(absl::string_view data) {
 
 absl::StatusOr<std::string> Sha256File(
     const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buffer(8 << 20);
   Sha256 h;

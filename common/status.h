@@ -6,6 +6,8 @@
 #ifndef SHARDCAST_COMMON_STATUS_H_
 #define SHARDCAST_COMMON_STATUS_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -20,6 +22,12 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view what);
 /// Returns `status` with `prefix + ": "` prepended to its message, keeping the
 /// code. OK stays OK.
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
+
+/// `text` (from a client or a file) for an error message or log line: at most
+/// limits::kMaxQuotedChars characters of it, then "... (N bytes)" when cut,
+/// control characters as '?', so a client's megabyte of input never reaches
+/// an error or a log whole.
+std::string Quoted(absl::string_view text);
 
 }  // namespace shardcast
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/shm_protocol.h"
@@ -32,7 +33,8 @@ namespace shardcast {
 namespace {
 
 constexpr int kMaxMessageBytes = 80 << 20;  // > 64 MiB payload + header
-constexpr mode_t kSocketMode = 0660;        // owner and --socket-group
+static_assert(limits::kMaxReplyBytes < kMaxMessageBytes);
+constexpr mode_t kSocketMode = 0660;  // owner and --socket-group
 
 absl::Status EnsureSocketDir(const std::string& dir) {
   struct stat st;
@@ -181,7 +183,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // Clients send small requests: a larger message is refused before it is
+  // read whole or parsed (the coordinates max_vectors_per_call allows).
+  builder.SetMaxReceiveMessageSize(
+      limits::RequestMessageLimit(options.max_vectors_per_call));
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   if (!options.unix_socket.empty()) {
     builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/cli_args.h"
 #include "common/file.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/pyjson.h"
 #include "common/status.h"
@@ -59,10 +60,12 @@ const std::vector<DaemonOption>& Table() {
        OptionKind::kInteger, &O::query_threads, 1, 1024},
       {"max-vectors-per-call", "max_vectors_per_call", "N",
        "queries asking for more vectors are RESOURCE_EXHAUSTED",
-       OptionKind::kInteger, &O::max_vectors_per_call, 1, kNoMax},
+       OptionKind::kInteger, &O::max_vectors_per_call, 1,
+       limits::kMaxVectorsPerCall},
       {"max-bytes-per-call", "max_bytes_per_call", "N",
        "query replies larger than this are RESOURCE_EXHAUSTED",
-       OptionKind::kBytes, &O::max_bytes_per_call, 1, kNoMax},
+       OptionKind::kBytes, &O::max_bytes_per_call, 1,
+       static_cast<int64_t>(limits::kMaxReplyBytes)},
       {"grace-seconds", "shutdown_grace_seconds", "S",
        "SIGTERM: wait this long for calls in flight", OptionKind::kSeconds,
        &O::shutdown_grace_seconds, 0, kNoMax},

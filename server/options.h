@@ -42,7 +42,9 @@ struct DaemonOptions {
   /// HTTP admin endpoint "host:port" (/healthz, /metrics); empty: none.
   std::string http_address;
   int64_t query_threads = 4;
-  int64_t max_vectors_per_call = 1 << 20;
+  // Requests for more are refused; larger request messages are refused
+  // before parsing (limits::RequestMessageLimit).
+  int64_t max_vectors_per_call = 1 << 16;
   uint64_t max_bytes_per_call = 64ull << 20;  // stays under the message limit
   /// How long SIGTERM waits for calls in flight before cancelling them.
   double shutdown_grace_seconds = 10;

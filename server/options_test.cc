@@ -18,7 +18,6 @@ namespace {
 
 class OptionsTest : public ::testing::Test {
  protected:
-
   // Writes `json` to a config file and parses `--config FILE` + `flags`.
   absl::StatusOr<DaemonOptions> WithConfig(
       const std::string& json, std::vector<std::string> flags = {}) {
@@ -128,7 +127,7 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
   EXPECT_EQ(e.reservoir.slot_bytes, 4ull << 20);
   EXPECT_TRUE(e.scans.direct_io);
   EXPECT_EQ(e.scans.start_delay.count(), 0);
-  EXPECT_EQ(e.limits.max_vectors_per_call, 1 << 20);
+  EXPECT_EQ(e.limits.max_vectors_per_call, 1 << 16);  // the default
 }
 
 TEST_F(OptionsTest, FlagsOverrideTheConfigFileAndRootsAreReplaced) {

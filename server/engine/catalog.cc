@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/status.h"
 
 namespace shardcast {
 namespace {
@@ -149,21 +150,22 @@ absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Find(
   if (exact != snap->end()) return exact->second;
   if (id.size() < 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dataset \"", id,
+        absl::StrCat("dataset \"", Quoted(id),
                      "\" not found; a prefix must have at least 8 characters"));
   }
   std::shared_ptr<const CatalogEntry> match;
   for (auto it = snap->lower_bound(std::string(id));
        it != snap->end() && absl::StartsWith(it->first, id); ++it) {
     if (match != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset prefix \"", id, "\" is ambiguous: it matches ",
-                       match->id, " and ", it->first));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset prefix \"", Quoted(id), "\" is ambiguous: it matches ",
+          match->id, " and ", it->first));
     }
     match = it->second;
   }
   if (match == nullptr) {
-    return absl::NotFoundError(absl::StrCat("dataset \"", id, "\" not found"));
+    return absl::NotFoundError(
+        absl::StrCat("dataset \"", Quoted(id), "\" not found"));
   }
   return match;
 }

@@ -26,9 +26,7 @@ class EngineTest : public ::testing::Test {
     id_ = BaseName(WriteTestDataset(root_));
     ASSERT_FALSE(id_.empty());
   }
-  void TearDown() override {
-    engine_.reset();
-  }
+  void TearDown() override { engine_.reset(); }
 
   void Start(int64_t reservoir_slots = 256) {
     EngineOptions o;

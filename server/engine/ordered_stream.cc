@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked.h"
 #include "common/status.h"
 #include "server/engine/resume_token.h"
 #include "server/io/uring.h"
@@ -30,8 +31,8 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
   s->disk_bytes_ = disk_bytes;
   // Ranks get contiguous, disjoint ranges that together cover the selection.
   const int64_t v = s->sel_.num_vectors();
-  s->lo_ = v * spec.rank / spec.world_size;
-  s->hi_ = v * (spec.rank + 1) / spec.world_size;
+  s->lo_ = MulDiv(v, spec.rank, spec.world_size);
+  s->hi_ = MulDiv(v, spec.rank + 1, spec.world_size);
   s->next_ = s->lo_;
   for (uint8_t l : spec.exclude_labels) s->exclude_[l] = true;
   const DatasetDesc& d = s->reader_->desc();

@@ -3,20 +3,30 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status.h"
 
 namespace shardcast {
 
 absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
-  if (spec->batch_size < 1) {
+  // Bounded here, so that every product formed from them later (batch bytes,
+  // partition boundaries) fits in 64 bits: common/limits.h.
+  if (spec->batch_size < 1 || spec->batch_size > limits::kMaxBatchVectors) {
     return absl::InvalidArgumentError(
-        absl::StrCat("batch_size must be >= 1, got ", spec->batch_size));
+        absl::StrCat("batch_size must be in [1, ", limits::kMaxBatchVectors,
+                     "], got ", spec->batch_size));
   }
-  if (spec->epochs < 0) {
+  if (spec->epochs < 0 || spec->epochs > limits::kMaxEpochs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("epochs must be >= 0 (0 = endless), got ", spec->epochs));
+        absl::StrCat("epochs must be in [0, ", limits::kMaxEpochs,
+                     "] (0 = endless), got ", spec->epochs));
   }
   if (spec->world_size <= 0) spec->world_size = 1;
+  if (spec->world_size > limits::kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at most ", limits::kMaxWorldSize,
+                     ", got ", spec->world_size));
+  }
   if (spec->rank < 0 || spec->rank >= spec->world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", spec->rank,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -39,6 +40,11 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
   o.order = req.order() == v1::ORDER_ORDERED ? StreamOrder::kOrdered
                                              : StreamOrder::kShuffled;
   o.seed = req.seed();
+  if (req.resume_token().size() > limits::kMaxResumeTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_token is ", req.resume_token().size(),
+        " bytes; a shardcast token is at most ", limits::kMaxResumeTokenBytes));
+  }
   o.resume_token = req.resume_token();
   o.peer = peer;
   o.max_batch_bytes = kMaxBatchBytes;
@@ -221,7 +227,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     source_ = std::move(*source);
     const BatchShape& shape = source_->shape();
     const StreamSpec& spec = options->spec;
-    LogInfo("stream client connected from ", peer_, ": dataset ", req.dataset(),
+    LogInfo("stream client connected from ", peer_, ": dataset ",
+            Quoted(req.dataset()),
             options->order == StreamOrder::kShuffled
                 ? absl::StrCat(", shuffled (seed ", options->seed, ")")
                 : ", ordered",

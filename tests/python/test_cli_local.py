@@ -536,9 +536,10 @@ def test_json_output_survives_non_utf8_paths(cli, tmp_path):
 
 
 def test_huge_d_model_with_tiny_files_is_a_clean_error(cli, tmp_path):
-    # Metadata promising 8 GiB examples over a 64-byte file: an error naming
-    # the file and sizes, no attempt to allocate or read 8 GiB.
-    geom = ref.Geometry([6], 0, True, 2 ** 31, 1, 1)
+    # Metadata promising 8 GiB examples (2^11 tokens of 2^20 floats, the
+    # largest d_model read) over a 64-byte file: an error naming the file and
+    # sizes, no attempt to allocate or read 8 GiB.
+    geom = ref.Geometry([6], 2 ** 11 - 1, True, 2 ** 20, 1, 2 ** 11)
     md = ref.make_metadata("2.1", geom)
     path = os.path.join(tmp_path, ref.content_hash("2.1", md))
     os.makedirs(path)
@@ -552,3 +553,8 @@ def test_huge_d_model_with_tiny_files_is_a_clean_error(cli, tmp_path):
         assert "acts000000.bin" in proc.err and str(2 ** 33) in proc.err
     v = cli.fails("verify", path, stderr_required=False, timeout=20)
     assert "acts000000.bin" in v.out + v.err
+    # Past the limit, d_model itself is the error (common/limits.h).
+    md["d_model"] = 2 ** 31
+    ref.write_json(os.path.join(path, "metadata.json"), md)
+    proc = cli.fails("get", path, "--example", 0, "--layer", 6, "--token", 0, timeout=20)
+    assert "d_model" in proc.err and "at most 1048576" in proc.err

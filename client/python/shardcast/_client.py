@@ -102,10 +102,14 @@ class Stream:
         self.resume_token = request.resume_token
         self.shared_memory = False
         path = _shm.socket_path(client.address) if shared_memory else None
+        slot_bytes = 0
         if path is not None and os.path.exists(path) and request.batch_size > 0:
-            d_model = client.describe(request.dataset).d_model
+            slot_bytes = request.batch_size * client.describe(request.dataset).d_model * 4
+        # A slot size no region can have: the daemon's answer to the request
+        # (INVALID_ARGUMENT, with the limit) comes through the message path.
+        if 0 < slot_bytes < 1 << 63:
             try:
-                self._region = _shm.Region(path, slots, request.batch_size * d_model * 4)
+                self._region = _shm.Region(path, slots, slot_bytes)
             except _shm.RegionRefused as e:
                 raise Error(_code_name(e.code), e.message) from None
             self.shared_memory = True

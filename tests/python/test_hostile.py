@@ -1,0 +1,297 @@
+"""One bad request or one bad file must not take the node's daemon down.
+
+Each test is a class of input that used to crash, hang or fool shardcastd
+(issue 10): wrapped request arithmetic, oversized requests, client strings
+echoed whole, files that are not files, JSON nested to overflow a stack,
+metadata whose geometry wraps. After each, the daemon must still answer and
+serve exact data: expected vectors come from numpy reads of the files
+(saev_reference.py), partition sizes from the partition's arithmetic.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import saev_reference as ref
+import shardcast
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SHARDCAST_BIN = Path(os.environ.get("SHARDCAST_BIN") or REPO / "build" / "shardcast")
+SHARDCASTD_BIN = Path(os.environ.get("SHARDCASTD_BIN") or REPO / "build" / "shardcastd")
+
+N, TOKENS, D, LAYERS = 40, 16, 32, (6, 12)
+
+
+def synth(root, seed=0, labels=False):
+    cmd = [str(SHARDCAST_BIN), "synth", str(root), "--layers", ",".join(map(str, LAYERS)),
+           "--tokens", str(TOKENS), "--cls", "--d-model", str(D), "--examples", str(N),
+           "--budget", str(10 * (TOKENS + 1) * len(LAYERS)), "--seed", str(seed), "--json"]
+    if labels:
+        cmd.append("--labels")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+class Ref:
+    """numpy reads of a dataset's files (saev_reference)."""
+
+    def __init__(self, path):
+        self.path = path
+        _, _, self.geom = ref.open_dataset(path)
+
+    def vector(self, example, layer, token):
+        return ref.read_vector(self.path, self.geom, example, layer, token)
+
+
+class Daemon:
+    def __init__(self, root, tmp, extra=()):
+        self.sock = Path(tmp) / "d.sock"
+        self.log = Path(tmp) / "d.log"
+        self.cmd = [str(SHARDCASTD_BIN), "--root", str(root), "--listen",
+                    f"unix:{self.sock}", "--reservoir-bytes", "256M",
+                    "--log-level", "debug", *map(str, extra)]
+        self._logf = open(self.log, "wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=self._logf,
+                                     stdin=subprocess.DEVNULL)
+        self.address = f"unix:{self.sock}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"shardcastd exited\n{self.stderr()}"
+            if self.sock.exists():
+                try:
+                    self.client = shardcast.Client(self.address, timeout=1.0)
+                    return
+                except shardcast.Error:
+                    pass
+            time.sleep(0.05)
+        self.stop()
+        pytest.fail(f"shardcastd not ready in 30 s\n{self.stderr()}")
+
+    def stderr(self):
+        return self.log.read_bytes().decode("utf-8", errors="replace")[-6000:]
+
+    def alive(self):
+        assert self.proc.poll() is None, f"shardcastd died\n{self.stderr()}"
+        self.client.status()  # answers
+
+    def rss_bytes(self):
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def stop(self, timeout=15):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"shardcastd ignored SIGTERM for {timeout} s\n"
+                                     f"{self.stderr()}")
+        self._logf.close()
+        log = self.log.read_bytes().decode("utf-8", errors="replace")
+        for marker in ("AddressSanitizer", "ThreadSanitizer", "runtime error:"):
+            assert marker not in log, log[-4000:]
+        return self.proc.returncode
+
+
+@pytest.fixture
+def served(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    d = Daemon(root, tmp_path)
+    yield d, info["hash"], Ref(info["path"])
+    assert d.stop() == 0
+
+
+def expect_error(code, fn, *args, **kwargs):
+    with pytest.raises(shardcast.Error) as e:
+        out = fn(*args, **kwargs)
+        if hasattr(out, "__next__"):
+            for _ in out:
+                pass
+    assert e.value.code == code, f"{e.value.code}: {e.value.message}"
+    return e.value
+
+
+# ------------------------------------------------------- request arithmetic
+
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+@pytest.mark.parametrize("shm", [True, False])
+def test_batch_size_whose_bytes_wrap_is_refused(served, order, shm):
+    """batch_size x vector bytes wrapped 64 bits and passed the size check."""
+    d, ds, _ = served
+    for batch in (1 << 62, (1 << 63) - 1, 1 << 58):
+        err = expect_error("INVALID_ARGUMENT", d.client.stream, ds, layer=6, order=order,
+                           batch_size=batch, shared_memory=shm)
+        assert "batch_size" in err.message
+        d.alive()
+
+
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+def test_partition_whose_arithmetic_wraps_is_refused(served, order):
+    """rank x vectors wrapped: one case served another client's stale rows."""
+    d, ds, _ = served
+    for rank, world in (((1 << 62) - 1, 1 << 62), ((1 << 63) - 2, (1 << 63) - 1)):
+        err = expect_error("INVALID_ARGUMENT", d.client.stream, ds, layer=6, order=order,
+                           batch_size=8, rank=rank, world_size=world)
+        assert "world_size" in err.message
+        d.alive()
+
+
+def test_largest_world_size_partitions_exactly(served):
+    """At the limit (2^20 ranks) the last rank gets what the arithmetic says."""
+    d, ds, data = served
+    world = 1 << 20
+    v = N * TOKENS  # content tokens of one layer
+    # Ordered ranks own [v*r//w, v*(r+1)//w): the last one gets 1 vector.
+    lo = v * (world - 1) // world
+    got = [b for b in d.client.stream(ds, layer=6, order="ordered", batch_size=8,
+                                      rank=world - 1, world_size=world, copy=True)]
+    rows = np.concatenate([b.vectors for b in got]) if got else np.zeros((0, D))
+    assert rows.shape == (v - lo, D)
+    e, t = divmod(lo, TOKENS)
+    np.testing.assert_array_equal(rows[0], data.vector(e, 6, t + 1))
+    # Shuffled ranks own the vectors g with g % w == r: none here.
+    got = [b for b in d.client.stream(ds, layer=6, batch_size=8, rank=world - 1,
+                                      world_size=world)]
+    assert sum(len(b.vectors) for b in got) == 0
+    d.alive()
+
+
+# -------------------------------------------------- memory and echoed input
+
+def test_oversized_request_is_refused_before_parsing_and_memory_stays(served):
+    """A 30 MB GetVectors was parsed whole; three left the daemon GBs bigger."""
+    d, ds, _ = served
+    before = d.rss_bytes()
+    coords = np.zeros((1_000_000, 3), dtype=np.int64)
+    coords[:, 1] = 6
+    for _ in range(3):
+        expect_error("RESOURCE_EXHAUSTED", d.client.get_vectors, ds, coords)
+    d.alive()
+    assert d.rss_bytes() - before < 64 << 20, (before, d.rss_bytes())
+
+
+def test_a_megabyte_dataset_id_is_not_echoed_whole(served):
+    d, _, _ = served
+    err = expect_error("NOT_FOUND", d.client.describe, "x" * (1 << 20))
+    assert len(err.message) < 1000
+    assert "1048576 bytes" in err.message
+    expect_error("NOT_FOUND", d.client.stream, "y" * (1 << 20), layer=6)
+    d.alive()
+    assert max(len(line) for line in d.stderr().splitlines()) < 2000
+
+
+def test_an_oversized_resume_token_is_refused(served):
+    d, ds, _ = served
+    err = expect_error("INVALID_ARGUMENT", d.client.stream, ds, layer=6,
+                       resume_token=b"SCS1" + b"\0" * (1 << 20))
+    assert "resume_token" in err.message
+    d.alive()
+
+
+# ------------------------------------------------------------ damaged files
+
+def damage(root, info, name, how):
+    """A copy of the dataset under another directory name, damaged."""
+    src = Path(info["path"])
+    dst = Path(root) / f"damaged-{name}"
+    shutil.copytree(src, dst)
+    how(dst)
+    return dst.name
+
+
+def fifo_shard(p):
+    (p / "acts000001.bin").unlink()
+    os.mkfifo(p / "acts000001.bin")
+
+
+def fifo_metadata(p):
+    (p / "metadata.json").unlink()
+    os.mkfifo(p / "metadata.json")
+
+
+def nested_metadata(p):
+    (p / "metadata.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def dangling_labels(p):
+    (p / "labels.bin").unlink()
+    os.symlink("/nonexistent/labels.bin", p / "labels.bin")
+
+
+def zero_shard(p):
+    (p / "acts000000.bin").unlink()
+    os.symlink("/dev/zero", p / "acts000000.bin")
+
+
+def wrapping_geometry(p):
+    m = json.loads((p / "metadata.json").read_text())
+    m["patches_per_ex"] = 1 << 62  # x 2 layers x ... wrapped to 0: SIGFPE
+    (p / "metadata.json").write_text(json.dumps(m))
+
+
+DAMAGE = {
+    "fifo-shard": (fifo_shard, "FIFO"),
+    "fifo-metadata": (fifo_metadata, "FIFO"),
+    "nested-metadata": (nested_metadata, "nested deeper than"),
+    "dangling-labels": (dangling_labels, "labels.bin"),
+    "dev-zero-shard": (zero_shard, "character device"),
+    "wrapping-geometry": (wrapping_geometry, "patches_per_ex"),
+}
+
+
+def test_damaged_datasets_are_rejected_by_name_at_start_and_rescan(tmp_path):
+    """Each used to hang open() (FIFO), overflow the stack, divide by zero or
+    be served wrongly. The daemon must start, reject each naming the cause,
+    keep serving the good dataset, survive SIGHUP, and obey SIGTERM."""
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root, labels=True)
+    names = {damage(root, info, k, how): why for k, (how, why) in DAMAGE.items()}
+    d = Daemon(root, tmp_path)
+    try:
+        for rescan in (False, True):
+            if rescan:
+                d.proc.send_signal(signal.SIGHUP)
+                time.sleep(1.0)
+            listed = {x.id: x for x in d.client.datasets()}
+            assert listed[info["hash"]].ok
+            for name, why in names.items():
+                assert name in listed, f"{name} not listed\n{d.stderr()}"
+                assert not listed[name].ok, name
+                assert why in listed[name].error, (name, listed[name].error)
+            batch = next(iter(d.client.stream(info["hash"], layer=12, order="ordered",
+                                              batch_size=4)))
+            np.testing.assert_array_equal(batch.vectors[0],
+                                          Ref(info["path"]).vector(0, 12, 1))
+            d.alive()
+    finally:
+        assert d.stop() == 0
+
+
+def test_verify_refuses_a_fifo_and_dev_zero_without_hanging(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    subprocess.run(f"cd '{info['path']}' && sha256sum *.bin > SHA256SUMS", shell=True,
+                   check=True)
+    for k in ("fifo-shard", "dev-zero-shard"):
+        path = root / damage(root, info, k, DAMAGE[k][0])
+        proc = subprocess.run([str(SHARDCAST_BIN), "verify", str(path)],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0, proc.stdout + proc.stderr
+        assert DAMAGE[k][1] in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr and "terminate" not in proc.stderr
