@@ -34,6 +34,9 @@ class Sha256 {
 /// Lowercase hex SHA-256 of `data`.
 std::string Sha256Hex(absl::string_view data);
 
+/// HMAC-SHA256 of `data` under `key`: 32 raw bytes (RFC 2104).
+std::string HmacSha256(absl::string_view key, absl::string_view data);
+
 /// Lowercase hex SHA-256 of a file's contents, read sequentially in 8 MiB
 /// chunks. `on_bytes` (may be empty) is called with each chunk's size, for
 /// progress. Errors from open/read, naming the path.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/file.h"
@@ -19,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/engine/engine.h"
+#include "server/engine/resume_token.h"
 #include "server/transport/address.h"
 #include "server/transport/admin_service.h"
 #include "server/transport/buffer_pool.h"
@@ -36,17 +38,44 @@ constexpr int kMaxMessageBytes = 80 << 20;  // > 64 MiB payload + header
 static_assert(limits::kMaxReplyBytes < kMaxMessageBytes);
 constexpr mode_t kSocketMode = 0660;  // owner and --socket-group
 
+// The socket's directory decides who can replace the socket or plant files
+// beside it: it must belong to this user (or root) and be writable by no one
+// else, unless it is sticky like /tmp (others cannot then remove or rename
+// our files; the lock file is opened with O_NOFOLLOW against planted links).
 absl::Status EnsureSocketDir(const std::string& dir) {
   struct stat st;
-  if (::stat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(dir, " (socket directory) is not a directory"));
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
+      return ErrnoToStatus(errno,
+                           absl::StrCat("create socket directory ", dir));
     }
-    return absl::OkStatus();
+    if (::stat(dir.c_str(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("stat ", dir));
+    }
   }
-  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return ErrnoToStatus(errno, absl::StrCat("create socket directory ", dir));
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " (socket directory) is not a directory"));
+  }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory ", dir, " belongs to uid ", st.st_uid,
+                     ", not to this user (", ::geteuid(),
+                     ") or root: its owner could replace the socket"));
+  }
+  const bool shared = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  if (shared && (st.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory %s is writable by %s (mode %04o) and not sticky: "
+        "others could replace the socket; use a private directory such as "
+        "/run/shardcast (mode 0750)",
+        dir, (st.st_mode & S_IWOTH) != 0 ? "everyone" : "its group",
+        st.st_mode & 07777));
+  }
+  if (shared) {
+    LogWarning("socket directory ", dir,
+               " is shared (sticky and writable by others); a private "
+               "directory such as /run/shardcast is safer");
   }
   return absl::OkStatus();
 }
@@ -55,7 +84,24 @@ absl::Status EnsureSocketDir(const std::string& dir) {
 // here instead of unlinking the first one's socket.
 absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
   const std::string lock_path = absl::StrCat(socket, ".lock");
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(lock_path, O_RDWR | O_CREAT, 0644));
+  // O_NOFOLLOW: a symlink planted at the lock path (in a shared directory)
+  // must not make us truncate its target; nor may a hard link.
+  struct stat st;
+  if (::lstat(lock_path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        lock_path, " is a symbolic link; refusing to open it (remove it)"));
+  }
+  ASSIGN_OR_RETURN(UniqueFd fd,
+                   OpenFile(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644));
+  if (::fstat(fd.get(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("stat ", lock_path));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        lock_path,
+        " is not a plain file of this user (a link or someone else's "
+        "file?); remove it if it is stale"));
+  }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {0};
     ssize_t n = ::pread(fd.get(), pid, sizeof(pid) - 1, 0);
@@ -75,26 +121,50 @@ absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
   return fd;
 }
 
+// The resume-token key: a regular file of this user that others cannot
+// read (whoever reads it can forge tokens), of at least 16 bytes.
+absl::StatusOr<std::string> ReadTokenKey(const std::string& path) {
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--token-key-file %s has mode %04o: whoever can read it can forge "
+        "resume tokens; chmod 600 it",
+        path, st.st_mode & 07777));
+  }
+  ASSIGN_OR_RETURN(std::string key, ReadFileToString(path, 4096));
+  if (key.size() < TokenSealer::kMinKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token-key-file ", path, " holds ", key.size(),
+                     " bytes; a key needs at least ", TokenSealer::kMinKeyBytes,
+                     " (e.g. head -c 32 /dev/urandom > FILE)"));
+  }
+  return key;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
     const DaemonOptions& o) {
-  const bool tls = !o.tls_cert_file.empty() || !o.tls_key_file.empty();
-  if (!tls) {
-    if (!IsLoopbackAddress(o.tcp_address) && !o.insecure_tcp) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("TCP listener ", o.tcp_address,
-                       " is not a loopback address: give "
-                       "--tls-cert and --tls-key, or --insecure-tcp to serve "
-                       "it without TLS"));
+  // ValidateDaemonOptions made the TLS flags coherent: both or neither.
+  if (o.tls_cert_file.empty()) {
+    // Without TLS, any local user reaches the daemon past the Unix socket's
+    // group, and anyone on the network if the address is not loopback: the
+    // operator says so with --insecure-tcp.
+    if (!o.insecure_tcp) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TCP listener ", o.tcp_address,
+          " without TLS: give --tls-cert and --tls-key, or --insecure-tcp "
+          "to serve it without TLS (",
+          IsLoopbackAddress(o.tcp_address)
+              ? "every local user could connect, past the socket's group"
+              : "anyone who can reach it could connect",
+          ")"));
     }
-    if (!IsLoopbackAddress(o.tcp_address)) {
-      LogWarning("TCP listener ", o.tcp_address,
-                 " serves WITHOUT TLS (--insecure-tcp)");
-    }
+    LogWarning("TCP listener ", o.tcp_address,
+               " serves WITHOUT TLS (--insecure-tcp)");
     return grpc::InsecureServerCredentials();
-  }
-  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "TLS needs both --tls-cert and --tls-key");
   }
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
@@ -159,7 +229,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(d->socket_lock, LockSocketPath(options.unix_socket));
   }
 
-  ASSIGN_OR_RETURN(d->engine, Engine::Start(options.Engine()));
+  EngineOptions engine_options = options.Engine();
+  if (!options.token_key_file.empty()) {
+    ASSIGN_OR_RETURN(engine_options.token_key,
+                     ReadTokenKey(options.token_key_file));
+  }
+  ASSIGN_OR_RETURN(d->engine, Engine::Start(std::move(engine_options)));
   d->pool =
       std::make_unique<WorkerPool>(static_cast<int>(options.query_threads));
   // Idle batch buffers kept for reuse: a few per stream at most.

@@ -45,9 +45,14 @@ const std::vector<DaemonOption>& Table() {
       {"tls-client-ca", "tls_client_ca", "FILE",
        "PEM CA: require and verify client certificates (mutual TLS)",
        OptionKind::kText, &O::tls_client_ca_file},
+      {"token-key-file", "token_key_file", "FILE",
+       "secret (>= 16 bytes, mode 0600) that signs resume tokens, so they "
+       "survive a restart (default: a random key per start)",
+       OptionKind::kText, &O::token_key_file},
       {"insecure-tcp", "insecure_tcp", nullptr,
-       "allow a non-loopback TCP listener without TLS", OptionKind::kSwitch,
-       &O::insecure_tcp},
+       "allow a TCP listener without TLS (loopback too: any local user "
+       "could connect)",
+       OptionKind::kSwitch, &O::insecure_tcp},
       {"http", "http", "HOST:PORT",
        "HTTP admin endpoint: /healthz and /metrics (Prometheus)",
        OptionKind::kText, &O::http_address},
@@ -365,6 +370,28 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
   if (options.unix_socket.empty() && options.tcp_address.empty()) {
     return absl::InvalidArgumentError(
         "no listener: give --listen unix:/path and/or --listen-tcp host:port");
+  }
+  // TLS flags that would silently serve less than they promise.
+  const bool cert = !options.tls_cert_file.empty();
+  const bool key = !options.tls_key_file.empty();
+  if (cert != key) {
+    return absl::InvalidArgumentError(
+        "TLS needs both --tls-cert and --tls-key");
+  }
+  if (!options.tls_client_ca_file.empty() && !cert) {
+    return absl::InvalidArgumentError(
+        "--tls-client-ca authenticates clients over TLS: it needs "
+        "--tls-cert and --tls-key too (without them the listener would be "
+        "plaintext with no client authentication)");
+  }
+  if (cert && options.tcp_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert/--tls-key are for the TCP listener: give --listen-tcp "
+        "host:port (the Unix socket is protected by its mode and group)");
+  }
+  if (options.insecure_tcp && cert) {
+    return absl::InvalidArgumentError(
+        "--insecure-tcp and --tls-cert contradict each other: choose one");
   }
   return absl::OkStatus();
 }

@@ -38,6 +38,9 @@ struct DaemonOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;  // set: clients must present a cert (mTLS)
+  /// Secret that authenticates resume tokens (>= 16 bytes, not readable by
+  /// others); empty: a random key per process, so tokens die with it.
+  std::string token_key_file;
   bool insecure_tcp = false;
   /// HTTP admin endpoint "host:port" (/healthz, /metrics); empty: none.
   std::string http_address;

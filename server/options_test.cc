@@ -241,5 +241,27 @@ TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
   EXPECT_FALSE(ValidateDaemonOptions(o).ok());
 }
 
+TEST_F(OptionsTest, IncoherentTlsFlagsAreUsageErrors) {
+  DaemonOptions o;
+  o.roots = {"/data"};
+  o.unix_socket = "/run/s.sock";
+  o.tcp_address = "127.0.0.1:7000";
+  auto message = [&o] {
+    return std::string(ValidateDaemonOptions(o).message());
+  };
+  // A client CA alone used to serve plaintext with no client authentication.
+  o.tls_client_ca_file = "/etc/ca.pem";
+  EXPECT_NE(message().find("--tls-client-ca"), std::string::npos) << message();
+  o.tls_cert_file = "/etc/cert.pem";
+  EXPECT_NE(message().find("--tls-key"), std::string::npos) << message();
+  o.tls_key_file = "/etc/key.pem";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.insecure_tcp = true;
+  EXPECT_NE(message().find("--insecure-tcp"), std::string::npos) << message();
+  o.insecure_tcp = false;
+  o.tcp_address.clear();
+  EXPECT_NE(message().find("--listen-tcp"), std::string::npos) << message();
+}
+
 }  // namespace
 }  // namespace shardcast

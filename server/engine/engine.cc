@@ -8,10 +8,39 @@
 
 namespace shardcast {
 
+namespace {
+
+// Seals the resume token of every batch a stream hands out: the streams
+// know nothing of the key (resume_token.h, TokenSealer).
+class SealedSource final : public BatchSource {
+ public:
+  SealedSource(std::unique_ptr<BatchSource> inner, const TokenSealer* sealer)
+      : inner_(std::move(inner)), sealer_(sealer) {
+    shape_ = inner_->shape();
+  }
+
+  absl::StatusOr<Fill> Next(VectorDest dest, StreamBatch* out,
+                            std::function<void()> waker) override {
+    absl::StatusOr<Fill> fill = inner_->Next(dest, out, std::move(waker));
+    if (fill.ok() && *fill == Fill::kBatch) {
+      out->resume_token = sealer_->Seal(out->resume_token);
+    }
+    return fill;
+  }
+
+ private:
+  std::unique_ptr<BatchSource> inner_;
+  const TokenSealer* sealer_;
+};
+
+}  // namespace
+
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
       catalog_(std::make_unique<Catalog>(options_.roots)),
-      queries_(catalog_.get(), options_.limits) {}
+      queries_(catalog_.get(), options_.limits),
+      tokens_(options_.token_key.empty() ? TokenSealer::RandomKey()
+                                         : options_.token_key) {}
 
 Engine::~Engine() = default;
 
@@ -61,13 +90,22 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
                      " MiB a batch may hold on this connection; use at most ",
                      o.max_batch_bytes / vb, " vectors per batch"));
   }
-  const std::string id = reader->info().dir_name;
-  if (o.order == StreamOrder::kShuffled) {
-    return ShuffledStream::Create(scans_.get(), std::move(reader), id, o.spec,
-                                  o.seed, o.resume_token, o.peer);
+  std::string token;
+  if (!o.resume_token.empty()) {
+    ASSIGN_OR_RETURN(token, tokens_.Open(o.resume_token));
   }
-  return OrderedStream::Create(std::move(reader), id, o.spec, o.resume_token,
-                               &ordered_bytes_read_);
+  const std::string id = reader->info().dir_name;
+  std::unique_ptr<BatchSource> source;
+  if (o.order == StreamOrder::kShuffled) {
+    ASSIGN_OR_RETURN(source,
+                     ShuffledStream::Create(scans_.get(), std::move(reader), id,
+                                            o.spec, o.seed, token, o.peer));
+  } else {
+    ASSIGN_OR_RETURN(source,
+                     OrderedStream::Create(std::move(reader), id, o.spec, token,
+                                           &ordered_bytes_read_));
+  }
+  return std::make_unique<SealedSource>(std::move(source), &tokens_);
 }
 
 MemoryLease::~MemoryLease() { reservoir_->Unreserve(slots_); }

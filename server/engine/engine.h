@@ -20,6 +20,7 @@
 #include "server/engine/catalog.h"
 #include "server/engine/engine_status.h"
 #include "server/engine/query.h"
+#include "server/engine/resume_token.h"
 #include "server/engine/scan.h"
 #include "server/engine/selection.h"
 
@@ -34,6 +35,9 @@ struct EngineOptions {
   ReservoirOptions reservoir;
   ReadEngineOptions reads;
   ScanOptions scans;
+  /// Authenticates resume tokens (TokenSealer); empty: a random key, so
+  /// tokens are good until the process ends.
+  std::string token_key;
 };
 
 /// How a stream visits its selection.
@@ -117,6 +121,7 @@ class Engine {
   const std::unique_ptr<Catalog> catalog_;
   const QueryEngine queries_;
   std::unique_ptr<ScanRegistry> scans_;
+  const TokenSealer tokens_;
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};

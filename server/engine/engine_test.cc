@@ -28,8 +28,9 @@ class EngineTest : public ::testing::Test {
   }
   void TearDown() override { engine_.reset(); }
 
-  void Start(int64_t reservoir_slots = 256) {
+  void Start(int64_t reservoir_slots = 256, std::string token_key = "") {
     EngineOptions o;
+    o.token_key = std::move(token_key);
     o.roots = {root_};
     o.reservoir.slot_bytes = 8 * kD * 4;
     o.reservoir.bytes = static_cast<uint64_t>(reservoir_slots) * 8 * kD * 4;
@@ -197,6 +198,65 @@ TEST_F(EngineTest, FiguresCountWhatQueriesAndStreamsRead) {
   EXPECT_EQ(f.blocks_read, static_cast<uint64_t>((kN * kP + 7) / 8));
   s->reset();
   EXPECT_TRUE(engine_->Figures().scans.empty());
+}
+
+// The first batch's token of an ordered stream, and that stream's options.
+std::string FirstToken(Engine& engine, StreamOptions o) {
+  auto source = engine.OpenStream(o);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return "";
+  std::vector<char> buffer((*source)->shape().batch_bytes());
+  StreamBatch b;
+  auto fill =
+      (*source)->Next(VectorDest{buffer.data(), buffer.size()}, &b, [] {});
+  EXPECT_TRUE(fill.ok() && *fill == BatchSource::Fill::kBatch);
+  return b.resume_token;
+}
+
+TEST_F(EngineTest, ResumeTokensAreSealedAndForgedOrForeignOnesRefused) {
+  Start(256, std::string(32, 'k'));
+  StreamOptions o = Options(StreamOrder::kOrdered);
+  o.dataset = id_;
+  const std::string token = FirstToken(*engine_, o);
+  ASSERT_GT(token.size(), TokenSealer::kMacBytes);
+
+  // The token resumes the stream right after the first batch: 10 rows.
+  const std::vector<Row> want = Expected(6, TokenSelection::kContent);
+  o.resume_token = token;
+  auto resumed = engine_->OpenStream(o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  auto rows = Drain(**resumed);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, std::vector<Row>(want.begin() + 10, want.end()));
+
+  // One flipped bit anywhere, a token cut short, or the stream's own
+  // unsealed format with fields out of range (anyone can compute the
+  // fingerprint): each is refused before any decoding.
+  std::vector<std::string> bad;
+  for (size_t i : {size_t{0}, size_t{9}, token.size() - 1}) {
+    std::string t = token;
+    t[i] ^= 1;
+    bad.push_back(t);
+  }
+  bad.push_back(token.substr(0, token.size() - 1));
+  bad.push_back(token.substr(0, token.size() - TokenSealer::kMacBytes));
+  for (const std::string& t : bad) {
+    o.resume_token = t;
+    absl::Status st = engine_->OpenStream(o).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("not issued by this daemon"), std::string::npos)
+        << st;
+  }
+
+  // A daemon with another key refuses it; one with the same key takes it.
+  engine_.reset();
+  Start(256, std::string(32, 'x'));
+  o.resume_token = token;
+  EXPECT_EQ(engine_->OpenStream(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  engine_.reset();
+  Start(256, std::string(32, 'k'));
+  EXPECT_TRUE(engine_->OpenStream(o).ok());
 }
 
 }  // namespace

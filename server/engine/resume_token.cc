@@ -1,5 +1,10 @@
 #include "server/engine/resume_token.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/sha256.h"
@@ -21,6 +26,40 @@ bool TokenReader::GetBytes(size_t n, absl::string_view* out) {
   *out = token_.substr(at_, n);
   at_ += n;
   return true;
+}
+
+std::string TokenSealer::RandomKey() {
+  std::string key(32, '\0');
+  size_t got = 0;
+  while (got < key.size()) {
+    const ssize_t n = ::getrandom(key.data() + got, key.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) std::abort();  // no entropy source at all: cannot go on safely
+    got += static_cast<size_t>(n);
+  }
+  return key;
+}
+
+std::string TokenSealer::Seal(absl::string_view token) const {
+  std::string out(token);
+  out.append(HmacSha256(key_, token).substr(0, kMacBytes));
+  return out;
+}
+
+absl::StatusOr<std::string> TokenSealer::Open(absl::string_view sealed) const {
+  if (sealed.size() > kMacBytes) {
+    const absl::string_view body = sealed.substr(0, sealed.size() - kMacBytes);
+    const std::string mac = HmacSha256(key_, body);
+    unsigned char diff = 0;  // constant time: no early exit on a mismatch
+    for (size_t i = 0; i < kMacBytes; ++i) {
+      diff |= static_cast<unsigned char>(mac[i] ^ sealed[body.size() + i]);
+    }
+    if (diff == 0) return std::string(body);
+  }
+  return absl::InvalidArgumentError(
+      "resume_token was not issued by this daemon: it is damaged, forged, or "
+      "from a daemon with another key (tokens survive a restart only with "
+      "the same --token-key-file)");
 }
 
 absl::Status MalformedToken(absl::string_view why) {

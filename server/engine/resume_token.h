@@ -60,6 +60,31 @@ class TokenReader {
   size_t at_;
 };
 
+/// Authenticates resume tokens: every token a client receives ends in 16
+/// bytes of HMAC-SHA256 of the rest under the daemon's key, so a client can
+/// only hand back tokens this daemon (or one with the same key, see
+/// --token-key-file) issued: a forged token with fields out of range never
+/// reaches a stream's decoder. The streams make and read unsealed tokens;
+/// the engine seals what they hand out and opens what clients send.
+class TokenSealer {
+ public:
+  static constexpr size_t kMacBytes = 16;
+  static constexpr size_t kMinKeyBytes = 16;
+
+  /// `key`: at least kMinKeyBytes of secret.
+  explicit TokenSealer(std::string key) : key_(std::move(key)) {}
+  /// 32 bytes from getrandom(2): tokens then last as long as the process.
+  static std::string RandomKey();
+
+  std::string Seal(absl::string_view token) const;
+  /// The token without its MAC; INVALID_ARGUMENT when it was not sealed
+  /// with this key (forged, damaged, or from a daemon with another key).
+  absl::StatusOr<std::string> Open(absl::string_view sealed) const;
+
+ private:
+  std::string key_;
+};
+
 /// INVALID_ARGUMENT "resume_token is malformed: <why>".
 absl::Status MalformedToken(absl::string_view why);
 

@@ -7,12 +7,29 @@
 #include "server/transport/address.h"
 
 namespace shardcast {
+namespace {
+
+constexpr size_t kHttpThreads = 32;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
     const std::string& address, const Engine* engine, const Metrics* metrics,
     const ShmService* shm, const std::atomic<bool>* serving) {
   std::unique_ptr<HttpAdmin> h(new HttpAdmin());
   h->server_ = std::make_unique<httplib::Server>();
+  // A connection holds one of a bounded set of threads for as long as it
+  // sends or reads within the timeouts: idle or stalled clients are cut off
+  // after kIoTimeout, so a few of them cannot keep /healthz from answering.
+  constexpr time_t kIoTimeout = 2;  // seconds
+  h->server_->new_task_queue = [] {
+    return new httplib::ThreadPool(kHttpThreads);
+  };
+  h->server_->set_read_timeout(kIoTimeout);
+  h->server_->set_write_timeout(kIoTimeout);
+  h->server_->set_keep_alive_timeout(kIoTimeout);
+  h->server_->set_keep_alive_max_count(16);
+  h->server_->set_payload_max_length(64 << 10);  // nothing is posted here
   h->server_->Get(
       "/healthz", [serving](const httplib::Request&, httplib::Response& res) {
         const bool up = serving->load();

@@ -532,7 +532,7 @@ TEST_F(DaemonTest, SocketIsGroupOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 }
 
-TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
+TEST_F(DaemonTest, TcpWithoutTlsNeedsExplicitInsecure) {
   DaemonProcess refused({"--root", root_, "--listen-tcp", "0.0.0.0:0"},
                         JoinPath(dir_, "tcp.log"));
   const int status = refused.WaitExit(std::chrono::seconds(10));
@@ -540,9 +540,18 @@ TEST_F(DaemonTest, NonLoopbackTcpNeedsTlsOrExplicitInsecure) {
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_NE(ReadAll(JoinPath(dir_, "tcp.log")).find("--tls-cert"),
             std::string::npos);
-  // Loopback is allowed without TLS.
-  DaemonProcess loopback({"--root", root_, "--listen-tcp", "127.0.0.1:0"},
-                         JoinPath(dir_, "loopback.log"));
+  // Loopback without TLS needs --insecure-tcp too (any local user could
+  // connect, past the socket group); then it serves.
+  DaemonProcess plain({"--root", root_, "--listen-tcp", "127.0.0.1:0"},
+                      JoinPath(dir_, "plain.log"));
+  const int plain_status = plain.WaitExit(std::chrono::seconds(10));
+  ASSERT_NE(plain_status, -1);
+  EXPECT_EQ(WEXITSTATUS(plain_status), 1);
+  EXPECT_NE(ReadAll(JoinPath(dir_, "plain.log")).find("--insecure-tcp"),
+            std::string::npos);
+  DaemonProcess loopback(
+      {"--root", root_, "--listen-tcp", "127.0.0.1:0", "--insecure-tcp"},
+      JoinPath(dir_, "loopback.log"));
   std::string log;
   for (int i = 0; i < 300; ++i) {
     log = ReadAll(JoinPath(dir_, "loopback.log"));

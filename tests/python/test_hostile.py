@@ -295,3 +295,103 @@ def test_verify_refuses_a_fifo_and_dev_zero_without_hanging(tmp_path):
         assert proc.returncode != 0, proc.stdout + proc.stderr
         assert DAMAGE[k][1] in proc.stdout + proc.stderr, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr and "terminate" not in proc.stderr
+
+
+# --------------------------------------------------------- local attacks
+
+def test_slow_http_connections_do_not_starve_healthz(tmp_path):
+    """Idle connections held every HTTP thread for 5 s each: /healthz, which
+    orchestrators poll, timed out. They are now cut off after 2 s."""
+    import socket
+    import urllib.request
+    root = tmp_path / "root"
+    root.mkdir()
+    synth(root)
+    d = Daemon(root, tmp_path, extra=["--http", "127.0.0.1:0"])
+    try:
+        port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", d.stderr()).group(1))
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        try:
+            start = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+                assert r.status == 200
+            assert time.monotonic() - start < 6
+        finally:
+            for s in idle:
+                s.close()
+        d.alive()
+    finally:
+        assert d.stop() == 0
+
+
+def start_fails(tmp_path, sock_dir, expect):
+    log = tmp_path / "refused.log"
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    proc = subprocess.run([str(SHARDCASTD_BIN), "--root", str(root), "--listen",
+                           f"unix:{sock_dir}/d.sock"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode != 0, proc.stderr
+    assert expect in proc.stderr, proc.stderr
+    return proc
+
+
+def test_a_world_writable_socket_directory_is_refused(tmp_path):
+    sock_dir = tmp_path / "open"
+    sock_dir.mkdir()
+    os.chmod(sock_dir, 0o777)
+    start_fails(tmp_path, sock_dir, "writable by everyone")
+
+
+def test_a_symlink_planted_at_the_lock_path_is_not_followed(tmp_path):
+    """The lock file beside the socket followed a planted symlink and
+    truncated its target."""
+    sock_dir = tmp_path / "run"
+    sock_dir.mkdir(mode=0o750)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, sock_dir / "d.sock.lock")
+    start_fails(tmp_path, sock_dir, "symbolic link")
+    assert victim.read_text() == "precious\n"
+
+
+def test_resume_tokens_survive_a_restart_only_with_the_same_key(tmp_path):
+    """Tokens are HMAC-sealed: anyone could compute the old fingerprint and
+    forge one with fields out of range. With --token-key-file a token
+    outlives the daemon; with another (random) key it is refused."""
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    data = Ref(info["path"])
+    key = tmp_path / "token.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(key, 0o644)
+    proc = subprocess.run([str(SHARDCASTD_BIN), "--root", str(root), "--listen",
+                           f"unix:{tmp_path}/k.sock", "--token-key-file", str(key)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and "chmod 600" in proc.stderr, proc.stderr
+    os.chmod(key, 0o600)
+
+    def first_token(d):
+        with d.client.stream(info["hash"], layer=6, order="ordered", batch_size=8,
+                             copy=True) as s:
+            return next(iter(s)).resume_token
+
+    d = Daemon(root, tmp_path, extra=["--token-key-file", key])
+    token = first_token(d)
+    assert d.stop() == 0
+    d = Daemon(root, tmp_path, extra=["--token-key-file", key])
+    b = next(iter(d.client.stream(info["hash"], layer=6, order="ordered", batch_size=8,
+                                  resume_token=token)))
+    # Ordered, content tokens: the 9th vector is example 0, content token 8.
+    np.testing.assert_array_equal(b.vectors[0], data.vector(0, 6, 9))
+    forged = bytearray(token)
+    forged[12] ^= 0xFF
+    expect_error("INVALID_ARGUMENT", d.client.stream, info["hash"], layer=6,
+                 order="ordered", batch_size=8, resume_token=bytes(forged))
+    assert d.stop() == 0
+    d = Daemon(root, tmp_path)  # a random key
+    err = expect_error("INVALID_ARGUMENT", d.client.stream, info["hash"], layer=6,
+                       order="ordered", batch_size=8, resume_token=token)
+    assert "not issued by this daemon" in err.message
+    assert d.stop() == 0
