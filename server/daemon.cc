@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -26,6 +28,7 @@
 #include "server/transport/buffer_pool.h"
 #include "server/transport/context.h"
 #include "server/transport/http_admin.h"
+#include "server/transport/local_acceptor.h"
 #include "server/transport/metrics.h"
 #include "server/transport/payload_router.h"
 #include "server/transport/shm_service.h"
@@ -121,6 +124,41 @@ absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
   return fd;
 }
 
+// --allow-user / --allow-group values: names or numeric ids.
+absl::StatusOr<std::vector<uid_t>> ResolveUsers(
+    const std::vector<std::string>& names) {
+  std::vector<uid_t> out;
+  for (const std::string& n : names) {
+    uint32_t id;
+    if (absl::SimpleAtoi(n, &id)) {
+      out.push_back(id);
+    } else if (struct passwd* p = ::getpwnam(n.c_str())) {
+      out.push_back(p->pw_uid);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allow-user ", n, ": no such user"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<gid_t>> ResolveGroups(
+    const std::vector<std::string>& names) {
+  std::vector<gid_t> out;
+  for (const std::string& n : names) {
+    uint32_t id;
+    if (absl::SimpleAtoi(n, &id)) {
+      out.push_back(id);
+    } else if (struct group* g = ::getgrnam(n.c_str())) {
+      out.push_back(g->gr_gid);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allow-group ", n, ": no such group"));
+    }
+  }
+  return out;
+}
+
 // The resume-token key: a regular file of this user that others cannot
 // read (whoever reads it can forge tokens), of at least 16 bytes.
 absl::StatusOr<std::string> ReadTokenKey(const std::string& path) {
@@ -195,6 +233,7 @@ struct Daemon::Impl {
   std::unique_ptr<ShmService> shm;  // null: shared memory is off
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
+  std::unique_ptr<LocalAcceptor> local;  // the Unix socket; null without
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpAdmin> http;
   UniqueFd socket_lock;
@@ -246,8 +285,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     shm.group = options.socket_group;
     ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
   }
+  if (!options.unix_socket.empty()) {
+    LocalAcceptorOptions local;
+    local.path = options.unix_socket;
+    local.mode = kSocketMode;
+    local.group = options.socket_group;
+    local.max_connections = static_cast<int>(options.max_connections);
+    ASSIGN_OR_RETURN(local.allow_uids, ResolveUsers(options.allow_users));
+    ASSIGN_OR_RETURN(local.allow_gids, ResolveGroups(options.allow_groups));
+    ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));
+  }
   TransportContext context;
   context.engine = d->engine.get();
+  context.local = d->local.get();
   context.shm = d->shm.get();
   context.pool = d->pool.get();
   context.metrics = &d->metrics;
@@ -263,10 +313,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   builder.SetMaxReceiveMessageSize(
       limits::RequestMessageLimit(options.max_vectors_per_call));
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  if (!options.unix_socket.empty()) {
-    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),
-                             grpc::InsecureServerCredentials());
-  }
   if (tcp_creds != nullptr) {
     builder.AddListeningPort(options.tcp_address, tcp_creds, &d->tcp_port);
   }
@@ -279,22 +325,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         absl::StrJoin({options.unix_socket, options.tcp_address}, " / "),
         " (address in use or not permitted?)"));
   }
-  if (!options.unix_socket.empty()) {
-    if (::chmod(options.unix_socket.c_str(), kSocketMode) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("chmod ", options.unix_socket));
-    }
-    if (!options.socket_group.empty()) {
-      struct group* g = ::getgrnam(options.socket_group.c_str());
-      if (g == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "socket group ", options.socket_group, " does not exist"));
-      }
-      if (::chown(options.unix_socket.c_str(), static_cast<uid_t>(-1),
-                  g->gr_gid) != 0) {
-        return ErrnoToStatus(errno,
-                             absl::StrCat("chgrp ", options.unix_socket));
-      }
-    }
+  if (d->local != nullptr) {
+    d->local->Serve(d->server.get());
     LogInfo("listening on unix:", options.unix_socket);
   }
   if (tcp_creds != nullptr) {
@@ -304,9 +336,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                                                  : " (mutual TLS)");
   }
   if (!options.http_address.empty()) {
-    ASSIGN_OR_RETURN(d->http,
-                     HttpAdmin::Start(options.http_address, d->engine.get(),
-                                      &d->metrics, d->shm.get(), &d->serving));
+    ASSIGN_OR_RETURN(
+        d->http,
+        HttpAdmin::Start(options.http_address, d->engine.get(), &d->metrics,
+                         d->shm.get(), d->local.get(), &d->serving));
   }
   d->server->GetHealthCheckService()->SetServingStatus(true);
   d->serving = true;
@@ -335,6 +368,8 @@ void Daemon::Shutdown() {
   // alone would also wait out the deadline for idle client connections.
   d->serving = false;
   d->server->GetHealthCheckService()->SetServingStatus(false);
+  // No new local connections (those waiting get refused by the kernel).
+  if (d->local != nullptr) d->local->Stop();
   const absl::Time drain_end =
       absl::Now() + absl::Seconds(d->options.shutdown_grace_seconds);
   while (d->metrics.calls_in_flight.load() > 0 && absl::Now() < drain_end) {

@@ -49,6 +49,17 @@ const std::vector<DaemonOption>& Table() {
        "secret (>= 16 bytes, mode 0600) that signs resume tokens, so they "
        "survive a restart (default: a random key per start)",
        OptionKind::kText, &O::token_key_file},
+      {"max-connections", "max_connections", "N",
+       "local connections at once; more are answered RESOURCE_EXHAUSTED",
+       OptionKind::kInteger, &O::max_connections, 1, 1 << 20},
+      {"allow-user", "allow_users", "USER",
+       "only these users (and --allow-group) may use the Unix socket, "
+       "beyond its mode; repeat for more",
+       OptionKind::kNames, &O::allow_users},
+      {"allow-group", "allow_groups", "GROUP",
+       "only members of these primary groups (and --allow-user) may use "
+       "the Unix socket; repeat for more",
+       OptionKind::kNames, &O::allow_groups},
       {"insecure-tcp", "insecure_tcp", nullptr,
        "allow a TCP listener without TLS (loopback too: any local user "
        "could connect)",
@@ -121,6 +132,8 @@ std::string Expected(const DaemonOption& o) {
       return "a string";
     case OptionKind::kPaths:
       return "an array of directory paths";
+    case OptionKind::kNames:
+      return "an array of names or numeric ids";
     case OptionKind::kUnixSocket:
       return "\"unix:/absolute/path\"";
     case OptionKind::kSwitch:
@@ -147,6 +160,7 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
       out->*std::get<std::string O::*>(o.target) = text;
       return true;
     case OptionKind::kPaths:
+    case OptionKind::kNames:
       (out->*std::get<std::vector<std::string> O::*>(o.target)).push_back(text);
       return true;
     case OptionKind::kUnixSocket:
@@ -192,7 +206,8 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
 // of `o`'s kind and range.
 bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
   switch (o.kind) {
-    case OptionKind::kPaths: {
+    case OptionKind::kPaths:
+    case OptionKind::kNames: {
       if (!v.is_array()) return false;
       std::vector<std::string> paths;
       for (const Json& p : v) {
@@ -314,7 +329,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(
   std::vector<OptionSpec> specs;
   for (const DaemonOption& o : Table()) {
     specs.push_back(
-        {o.flag, o.value_name, o.help, o.kind == OptionKind::kPaths});
+        {o.flag, o.value_name, o.help,
+         o.kind == OptionKind::kPaths || o.kind == OptionKind::kNames});
   }
   ASSIGN_OR_RETURN(Args args, Args::Parse(argv, specs));
   if (!args.positional().empty()) {
@@ -331,7 +347,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(
       options.*std::get<bool O::*>(o.target) = true;
       continue;
     }
-    if (o.kind == OptionKind::kPaths) {
+    if (o.kind == OptionKind::kPaths || o.kind == OptionKind::kNames) {
       (options.*std::get<std::vector<std::string> O::*>(o.target)).clear();
     }
     for (const std::string& value : args.GetAll(o.flag)) {

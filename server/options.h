@@ -41,6 +41,12 @@ struct DaemonOptions {
   /// Secret that authenticates resume tokens (>= 16 bytes, not readable by
   /// others); empty: a random key per process, so tokens die with it.
   std::string token_key_file;
+  /// Local connections admitted at once (more: RESOURCE_EXHAUSTED).
+  int64_t max_connections = 1024;
+  /// Non-empty: only these users / groups (names or ids) may use the Unix
+  /// socket, beyond its mode; root and the daemon's user always may.
+  std::vector<std::string> allow_users;
+  std::vector<std::string> allow_groups;
   bool insecure_tcp = false;
   /// HTTP admin endpoint "host:port" (/healthz, /metrics); empty: none.
   std::string http_address;
@@ -75,6 +81,7 @@ struct DaemonOptions {
 enum class OptionKind {
   kText,        // any string
   kPaths,       // a path; the flag repeats, the config key is an array
+  kNames,       // a name or number; repeats like kPaths
   kUnixSocket,  // "unix:/absolute/path", stored without "unix:"
   kSwitch,      // a flag without value; true/false in the config file
   kInteger,     // within [min, max]

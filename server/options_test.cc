@@ -43,6 +43,8 @@ Sample SampleOf(const DaemonOption& o) {
       return {"some-text", "\"some-text\""};
     case OptionKind::kPaths:
       return {"/data/a", "[\"/data/a\"]"};
+    case OptionKind::kNames:
+      return {"alice", "[\"alice\"]"};
     case OptionKind::kUnixSocket:
       return {"unix:/run/x.sock", "\"unix:/run/x.sock\""};
     case OptionKind::kSwitch:

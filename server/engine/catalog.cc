@@ -1,7 +1,9 @@
 #include "server/engine/catalog.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -51,12 +53,31 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
     auto it = previous->find(id);
     return it == previous->end() ? nullptr : it->second.get();
   };
-  auto next = std::make_shared<Snapshot>();
   int64_t ok = 0, failed = 0;
+  // Out of descriptors (or memory for one), every open below would fail and
+  // every dataset would look broken: keep the catalog as it is.
+  const int probe = ::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (probe < 0) {
+    LogError("rescan postponed, the catalog is kept: cannot open files (",
+             std::strerror(errno), ")");
+    for (const auto& [id, entry] : *previous)
+      ++(entry->status.ok() ? ok : failed);
+    return {ok, failed};
+  }
+  ::close(probe);
+  auto next = std::make_shared<Snapshot>();
   for (const std::string& root : roots_) {
     DIR* d = ::opendir(root.c_str());
     if (d == nullptr) {
-      LogError("root ", root, " cannot be read: ", std::strerror(errno));
+      // A root that cannot be listed now (a parallel filesystem hiccup)
+      // keeps what it served: datasets vanish only when seen to be gone.
+      LogError("root ", root, " cannot be read: ", std::strerror(errno),
+               "; keeping its ", "datasets from the previous scan");
+      for (const auto& [id, entry] : *previous) {
+        if (entry->dir != JoinPath(root, id) || next->count(id) > 0) continue;
+        ++(entry->status.ok() ? ok : failed);
+        (*next)[id] = entry;
+      }
       continue;
     }
     std::vector<std::string> names;

@@ -1,6 +1,9 @@
 #include "server/engine/catalog.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <vector>
@@ -119,6 +122,48 @@ TEST_F(CatalogTest, RescanDropsDeletedDatasetsAndAddsNewOnes) {
   EXPECT_EQ(catalog.Resolve(first).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(catalog.Resolve(second).ok());
+}
+
+TEST_F(CatalogTest, ARootThatCannotBeListedKeepsItsDatasets) {
+  // A hiccup of the filesystem (here: the root renamed away) must not empty
+  // the catalog; the other root is rescanned as usual.
+  const std::string a = Write(root_a_, 2);
+  const std::string b = Write(root_b_, 3);
+  Catalog catalog({root_a_, root_b_});
+  catalog.Rescan();
+  const std::string away = JoinPath(dir_, "away");
+  ASSERT_EQ(::rename(root_a_.c_str(), away.c_str()), 0);
+  const std::string b2 = Write(root_b_, 4);
+  auto [ok, failed] = catalog.Rescan();
+  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(failed, 0);
+  EXPECT_TRUE(catalog.Resolve(a).ok()) << "root a's dataset was dropped";
+  EXPECT_TRUE(catalog.Resolve(b2).ok());
+}
+
+TEST_F(CatalogTest, OutOfDescriptorsARescanKeepsTheCatalog) {
+  const std::string a = Write(root_a_, 2);
+  Catalog catalog({root_a_});
+  catalog.Rescan();
+  // Use up the descriptors below a low limit, as a flood of connections
+  // would; every open of the rescan would fail with EMFILE.
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  std::vector<int> fds;
+  struct rlimit low = old;
+  low.rlim_cur = 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  while (true) {
+    const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;
+    fds.push_back(fd);
+  }
+  auto [ok, failed] = catalog.Rescan();
+  for (int fd : fds) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(failed, 0);
+  EXPECT_TRUE(catalog.Resolve(a).ok()) << "the catalog was emptied";
 }
 
 }  // namespace

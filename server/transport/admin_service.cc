@@ -87,6 +87,18 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
     response->set_shm_bytes(shm.bytes);
     response->set_shm_streams(shm.attached);
   }
+  if (context_.local != nullptr) {
+    const LocalAcceptorFigures local = context_.local->Figures();
+    response->set_local_connections(local.connections);
+    response->set_local_refused(local.refused_busy + local.refused_denied);
+    response->set_local_accept_starved(local.starved);
+    for (const LocalPeer& p : local.peers) {
+      v1::LocalClient* c = response->add_local_clients();
+      c->set_pid(p.pid);
+      c->set_uid(p.uid);
+      c->set_gid(p.gid);
+    }
+  }
   for (const ScanStatus& s : e.scans) {
     v1::ScanStatus* out = response->add_scans();
     out->set_dataset(ValidUtf8(s.dataset));

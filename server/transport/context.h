@@ -7,6 +7,7 @@
 
 #include "server/engine/engine.h"
 #include "server/transport/buffer_pool.h"
+#include "server/transport/local_acceptor.h"
 #include "server/transport/metrics.h"
 #include "server/transport/shm_service.h"
 #include "server/transport/worker_pool.h"
@@ -21,6 +22,8 @@ struct TransportContext {
   Metrics* metrics = nullptr;
   BufferPool* buffers = nullptr;  // batch payload buffers
   ShmService* shm = nullptr;      // null: shared memory is off
+  /// Who is at the other end of local calls; null without a Unix socket.
+  const LocalAcceptor* local = nullptr;
   /// Read on every call: while false (draining for shutdown) new calls get
   /// UNAVAILABLE.
   const std::atomic<bool>* serving = nullptr;

@@ -15,7 +15,8 @@ constexpr size_t kHttpThreads = 32;
 
 absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
     const std::string& address, const Engine* engine, const Metrics* metrics,
-    const ShmService* shm, const std::atomic<bool>* serving) {
+    const ShmService* shm, const LocalAcceptor* local,
+    const std::atomic<bool>* serving) {
   std::unique_ptr<HttpAdmin> h(new HttpAdmin());
   h->server_ = std::make_unique<httplib::Server>();
   // A connection holds one of a bounded set of threads for as long as it
@@ -30,19 +31,28 @@ absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
   h->server_->set_keep_alive_timeout(kIoTimeout);
   h->server_->set_keep_alive_max_count(16);
   h->server_->set_payload_max_length(64 << 10);  // nothing is posted here
+  h->server_->Get("/healthz", [serving, local](const httplib::Request&,
+                                               httplib::Response& res) {
+    // 503 while shutting down, and while the Unix socket cannot accept
+    // (out of descriptors): an orchestrator should see the node is stuck.
+    const bool up = serving->load();
+    const bool starved = local != nullptr && local->Figures().starved;
+    res.status = up && !starved ? 200 : 503;
+    res.set_content(!up       ? "shutting down\n"
+                    : starved ? "not accepting local connections: accept() "
+                                "fails (out of file descriptors?)\n"
+                              : "ok\n",
+                    "text/plain");
+  });
   h->server_->Get(
-      "/healthz", [serving](const httplib::Request&, httplib::Response& res) {
-        const bool up = serving->load();
-        res.status = up ? 200 : 503;
-        res.set_content(up ? "ok\n" : "shutting down\n", "text/plain");
-      });
-  h->server_->Get(
-      "/metrics", [engine, metrics, shm, serving](const httplib::Request&,
-                                                  httplib::Response& res) {
-        res.set_content(metrics->PrometheusText(
-                            serving->load(), engine->Figures(),
-                            shm != nullptr ? shm->Figures() : ShmFigures()),
-                        "text/plain; version=0.0.4");
+      "/metrics", [engine, metrics, shm, local, serving](
+                      const httplib::Request&, httplib::Response& res) {
+        res.set_content(
+            metrics->PrometheusText(
+                serving->load(), engine->Figures(),
+                shm != nullptr ? shm->Figures() : ShmFigures(),
+                local != nullptr ? local->Figures() : LocalAcceptorFigures()),
+            "text/plain; version=0.0.4");
       });
   const std::string host = HostOf(address);
   const size_t colon = address.rfind(':');

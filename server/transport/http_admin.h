@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/engine/engine.h"
+#include "server/transport/local_acceptor.h"
 #include "server/transport/metrics.h"
 #include "server/transport/shm_service.h"
 
@@ -26,11 +27,13 @@ class HttpAdmin {
  public:
   /// Listens on `address` ("host:port"; port 0 picks one) and starts
   /// serving. INVALID_ARGUMENT when it is not host:port, UNAVAILABLE when it
-  /// cannot listen. `engine`, `metrics`, `shm` (may be null) and `serving`
+  /// cannot listen. `engine`, `metrics`, `shm` and `local` (may be null) and
+  /// `serving`
   /// must outlive Stop().
   static absl::StatusOr<std::unique_ptr<HttpAdmin>> Start(
       const std::string& address, const Engine* engine, const Metrics* metrics,
-      const ShmService* shm, const std::atomic<bool>* serving);
+      const ShmService* shm, const LocalAcceptor* local,
+      const std::atomic<bool>* serving);
   ~HttpAdmin();
   HttpAdmin(const HttpAdmin&) = delete;
   HttpAdmin& operator=(const HttpAdmin&) = delete;

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,7 +36,8 @@ std::string LabelValue(const std::string& v) {
 }  // namespace
 
 std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
-                                    const ShmFigures& shm) const {
+                                    const ShmFigures& shm,
+                                    const LocalAcceptorFigures& local) const {
   std::string out;
   auto metric = [&out](const char* name, const char* type, const char* help,
                        auto value) {
@@ -121,6 +124,29 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          "Bytes of those regions (leased from the reservoir).", shm.bytes);
   metric("shardcast_shm_streams", "gauge",
          "Streams writing batches into shared memory.", shm.attached);
+  metric("shardcast_local_connections", "gauge",
+         "Open connections on the Unix socket.", local.connections);
+  metric("shardcast_local_refused_total", "counter",
+         "Local connections refused: over --max-connections.",
+         local.refused_busy);
+  metric("shardcast_local_denied_total", "counter",
+         "Local connections refused: not --allow-user/--allow-group.",
+         local.refused_denied);
+  metric("shardcast_local_accept_failures_total", "counter",
+         "accept() failures on the Unix socket (EMFILE...).",
+         local.accept_failures);
+  std::map<std::pair<int64_t, int64_t>, int64_t> by_user;  // (uid, pid)
+  for (const LocalPeer& p : local.peers) ++by_user[{p.uid, p.pid}];
+  if (!by_user.empty()) {
+    absl::StrAppend(&out,
+                    "# HELP shardcast_local_client_connections Connections "
+                    "on the Unix socket by process.\n"
+                    "# TYPE shardcast_local_client_connections gauge\n");
+    for (const auto& [who, n] : by_user) {
+      absl::StrAppend(&out, "shardcast_local_client_connections{uid=\"",
+                      who.first, "\",pid=\"", who.second, "\"} ", n, "\n");
+    }
+  }
   metric("shardcast_memory_rss_bytes", "gauge",
          "Resident memory of the daemon.", ResidentBytes());
   metric("shardcast_datasets", "gauge", "Datasets being served.",

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/engine/engine_status.h"
+#include "server/transport/local_acceptor.h"
 #include "server/transport/shm_service.h"
 
 namespace shardcast {
@@ -38,7 +39,8 @@ struct Metrics {
   /// These counters and the engine's figures in the Prometheus text
   /// exposition format (version 0.0.4).
   std::string PrometheusText(bool serving, const EngineFigures& engine,
-                             const ShmFigures& shm) const;
+                             const ShmFigures& shm,
+                             const LocalAcceptorFigures& local) const;
 };
 
 /// Resident set size of this process, from /proc/self/statm (0 if unknown).

@@ -23,7 +23,9 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       : context_(context), method_(ctx->method()) {
     context_.metrics->calls_total++;
     context_.metrics->calls_in_flight++;
-    LogDebug("call ", method_, " from ", ctx->peer());
+    LogDebug("call ", method_, " from ",
+             context.local != nullptr ? context.local->Describe(ctx->peer())
+                                      : ctx->peer());
     StartRead(&request_);  // queued until the reactor is returned to gRPC
     TsanRelease(this);     // hand-off to gRPC (see common/tsan.h)
   }

@@ -70,7 +70,12 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   // `shared`: a SharedStream call (batches in the client's shared memory).
   StreamReactor(const TransportContext& context,
                 grpc::GenericCallbackServerContext* ctx, bool shared)
-      : context_(context), peer_(ctx->peer()), shared_(shared) {
+      : context_(context),
+        peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
+                                       : ctx->peer()),
+        local_(context.local != nullptr &&
+               context.local->PeerOf(ctx->peer()).has_value()),
+        shared_(shared) {
     Metrics* m = context_.metrics;
     m->calls_total++;
     m->calls_in_flight++;
@@ -259,7 +264,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
           "shared memory is off on this daemon (--disable-shared-memory or "
           "no Unix socket); use the Stream method");
     }
-    if (peer_.rfind("unix:", 0) != 0) {
+    if (!local_) {
       return absl::FailedPreconditionError(
           "SharedStream is for clients on the daemon's Unix socket");
     }
@@ -401,6 +406,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
+  const bool local_;  // on the Unix socket
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;  // the batch being written
   const bool shared_;

@@ -925,7 +925,12 @@ TEST_F(DaemonTest, ShuffledStreamCancelledWhileWaitingForBlocksEndsAtOnce) {
   for (int i = 0; i < 200; ++i) {
     status = client->GetStatus();
     ASSERT_TRUE(status.ok());
-    if (status->scans.empty() && status->connected_clients == 0) break;
+    // The client's shared-memory region (its lease) goes when the daemon
+    // sees its side channel close, a moment after the call ends.
+    if (status->scans.empty() && status->connected_clients == 0 &&
+        status->reservoir_bytes_reserved == 0) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(status->scans.size(), 0u);

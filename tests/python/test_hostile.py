@@ -395,3 +395,156 @@ def test_resume_tokens_survive_a_restart_only_with_the_same_key(tmp_path):
                        order="ordered", batch_size=8, resume_token=token)
     assert "not issued by this daemon" in err.message
     assert d.stop() == 0
+
+
+# --------------------------------------------- local connections (SO_PEERCRED)
+
+def test_status_names_local_clients_by_pid_and_uid(served):
+    d, _, _ = served
+    st = d.client.status()
+    assert st.local_connections >= 1
+    assert any(c.pid == os.getpid() and c.uid == os.getuid() for c in st.local_clients), \
+        st.local_clients
+
+
+def test_connections_past_the_cap_get_resource_exhausted(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    d = Daemon(root, tmp_path, extra=["--max-connections", 2])
+    try:
+        import grpc
+        from shardcast.v1 import shardcast_pb2 as pb
+        from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
+        # A connection of its own per channel (grpcio shares them otherwise).
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        second = grpc.insecure_channel(d.address, options=own)
+        pb_grpc.AdminStub(second).GetStatus(pb.GetStatusRequest(), timeout=5)
+        with grpc.insecure_channel(d.address, options=own) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.AdminStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-connections" in e.value.details()
+        assert d.client.status().local_refused >= 1
+        second.close()
+        # Once a connection is gone, a new one is admitted again.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                third = shardcast.Client(d.address, timeout=5)
+                third.describe(info["hash"])
+                third.close()
+                break
+            except shardcast.Error:
+                assert time.monotonic() < deadline, "never admitted again"
+                time.sleep(0.2)
+        d.alive()
+    finally:
+        assert d.stop() == 0
+
+
+NOBODY = 65534
+
+
+def as_nobody():
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
+    """Beyond the socket's mode: --allow-user/--allow-group admit only the
+    listed users (here not 'nobody', who may open the socket by its group)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    import tempfile
+    run = Path(tempfile.mkdtemp(prefix="shardcast-allow-", dir="/tmp"))
+    os.chmod(run, 0o755)  # nobody may reach the socket; its group decides
+    probe = ("import sys, shardcast\n"
+             "c = shardcast.Client(sys.argv[1], timeout=5)\n"
+             "try:\n    c.describe(sys.argv[2]); print('OK')\n"
+             "except shardcast.Error as e:\n    print(e.code, e.message)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
+    for allow, expect in ((["--allow-user", "12345"], "PERMISSION_DENIED"), ([], "OK")):
+        d = Daemon(root, run, extra=["--socket-group", "nogroup", *allow])
+        try:
+            out = subprocess.run(["/usr/bin/python3", "-c", probe, d.address, info["hash"]],
+                                 capture_output=True, text=True, timeout=30,
+                                 preexec_fn=as_nobody, env=env)
+            assert out.stdout.startswith(expect), out.stdout + out.stderr
+            if expect != "OK":
+                assert "--allow-user" in out.stdout, out.stdout
+            d.alive()
+        finally:
+            assert d.stop() == 0
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def test_out_of_descriptors_the_socket_accepts_again_afterwards(tmp_path):
+    """After accept() failed with EMFILE, gRPC's listener never accepted
+    again (while /healthz said 200). Now it backs off, says 503, and
+    recovers once descriptors are free."""
+    import resource
+    import socket
+    import urllib.error
+    import urllib.request
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
+
+    sock = tmp_path / "d.sock"
+    log = open(tmp_path / "emfile.log", "wb")
+    proc = subprocess.Popen([str(SHARDCASTD_BIN), "--root", str(root), "--listen",
+                             f"unix:{sock}", "--reservoir-bytes", "64M", "--http",
+                             "127.0.0.1:0"], stdout=log, stderr=log,
+                            preexec_fn=low_fd_limit)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        text = (tmp_path / "emfile.log").read_text()
+        while "HTTP admin on" not in text:
+            time.sleep(0.05)
+            text = (tmp_path / "emfile.log").read_text()
+        port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", text).group(1))
+        flood = []
+        for _ in range(400):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(sock))
+            except (BlockingIOError, OSError):
+                pass
+            flood.append(s)
+        time.sleep(1.0)
+        assert proc.poll() is None, (tmp_path / "emfile.log").read_text()[-3000:]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert e.value.code == 503
+        for s in flood:
+            s.close()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                c = shardcast.Client(f"unix:{sock}", timeout=2)
+                c.describe(info["hash"])
+                break
+            except shardcast.Error:
+                assert time.monotonic() < deadline, "the socket never accepted again"
+                time.sleep(0.2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            assert r.status == 200
+        assert "accept" in (tmp_path / "emfile.log").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log.close()

@@ -1,0 +1,274 @@
+#include "server/transport/local_acceptor.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/server_posix.h"
+
+namespace shardcast {
+namespace {
+
+// Finishes every call on its connections with one status.
+class RefusingService final : public grpc::CallbackGenericService {
+ public:
+  explicit RefusingService(grpc::Status status) : status_(std::move(status)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* /*context*/) override {
+    class Refusal final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refusal(const grpc::Status& status) { Finish(status); }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(status_);
+  }
+
+ private:
+  const grpc::Status status_;
+};
+
+// A server without ports that refuses every call: connections are handed
+// to it by descriptor.
+std::unique_ptr<grpc::Server> StartRefuser(
+    grpc::StatusCode code, const std::string& message,
+    std::vector<std::unique_ptr<RefusingService>>* services) {
+  services->push_back(
+      std::make_unique<RefusingService>(grpc::Status(code, message)));
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(services->back().get());
+  return builder.BuildAndStart();
+}
+
+std::vector<std::unique_ptr<RefusingService>>& RefuserServices() {
+  // They must outlive their servers, which live as long as the acceptor;
+  // a handful per process (one pair per daemon start), never freed.
+  static auto* services = new std::vector<std::unique_ptr<RefusingService>>();
+  return *services;
+}
+
+}  // namespace
+
+LocalAcceptor::LocalAcceptor(LocalAcceptorOptions options)
+    : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<LocalAcceptor>> LocalAcceptor::Create(
+    LocalAcceptorOptions options) {
+  std::unique_ptr<LocalAcceptor> a(new LocalAcceptor(std::move(options)));
+  const std::string& path = a->options_.path;
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path ", path, " is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  a->listener_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!a->listener_.valid()) return ErrnoToStatus(errno, "socket");
+  if (::bind(a->listener_.get(), reinterpret_cast<sockaddr*>(&addr),
+             sizeof(addr)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("bind ", path));
+  }
+  // Mode and group before listen(): nobody connects in between.
+  if (::chmod(path.c_str(), a->options_.mode) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
+  }
+  if (!a->options_.group.empty()) {
+    struct group* g = ::getgrnam(a->options_.group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket group ", a->options_.group, " does not exist"));
+    }
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("chgrp ", path));
+    }
+  }
+  if (::listen(a->listener_.get(), SOMAXCONN) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("listen ", path));
+  }
+  if (::fcntl(a->listener_.get(), F_SETFL, O_NONBLOCK) != 0) {
+    return ErrnoToStatus(errno, "fcntl O_NONBLOCK");
+  }
+  a->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!a->wake_.valid()) return ErrnoToStatus(errno, "eventfd");
+  a->busy_ =
+      StartRefuser(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("shardcastd has ", a->options_.max_connections,
+                                " local connections open, its limit "
+                                "(--max-connections); try again later"),
+                   &RefuserServices());
+  a->denied_ = StartRefuser(
+      grpc::StatusCode::PERMISSION_DENIED,
+      "this user may not use shardcastd: its uid and group are not in "
+      "--allow-user / --allow-group",
+      &RefuserServices());
+  if (a->busy_ == nullptr || a->denied_ == nullptr) {
+    return absl::InternalError("cannot start gRPC's refusing servers");
+  }
+  return a;
+}
+
+void LocalAcceptor::Serve(grpc::Server* server) {
+  server_ = server;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void LocalAcceptor::Stop() {
+  if (wake_.valid()) {
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+  listener_.Reset();
+}
+
+LocalAcceptor::~LocalAcceptor() {
+  Stop();
+  // Refused connections still open are cancelled with their server.
+  if (busy_ != nullptr) busy_->Shutdown(std::chrono::system_clock::now());
+  if (denied_ != nullptr) denied_->Shutdown(std::chrono::system_clock::now());
+}
+
+void LocalAcceptor::Loop() {
+  auto backoff = std::chrono::milliseconds(10);
+  while (true) {
+    struct pollfd fds[2] = {{listener_.get(), POLLIN, 0},
+                            {wake_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError("local acceptor: poll: ", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;  // stop
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      if (starved_.exchange(false)) {
+        LogInfo("local acceptor: accepting again");
+      }
+      backoff = std::chrono::milliseconds(10);
+      Admit(fd);
+      continue;
+    }
+    if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM: the pending connection stays queued
+    // and the listener readable; wait, then try again. Never give up.
+    accept_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (!starved_.exchange(true)) {
+      LogError("local acceptor: accept: ", std::strerror(errno),
+               "; retrying with backoff (/healthz reports 503 meanwhile)");
+    }
+    struct pollfd stop = {wake_.get(), POLLIN, 0};
+    if (::poll(&stop, 1, static_cast<int>(backoff.count())) > 0) return;
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+bool LocalAcceptor::Allowed(const LocalPeer& peer) const {
+  if (options_.allow_uids.empty() && options_.allow_gids.empty()) return true;
+  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
+  const auto& uids = options_.allow_uids;
+  const auto& gids = options_.allow_gids;
+  return std::find(uids.begin(), uids.end(), peer.uid) != uids.end() ||
+         std::find(gids.begin(), gids.end(), peer.gid) != gids.end();
+}
+
+void LocalAcceptor::Admit(int fd) {
+  Connection c;
+  struct ucred cred = {};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    c.peer = {cred.pid, cred.uid, cred.gid};
+  }
+  struct stat st;
+  if (::fstat(fd, &st) == 0) c.inode = st.st_ino;
+  grpc::Server* to = server_;
+  {
+    MutexLock lock(&mu_);
+    Prune();
+    int64_t admitted = 0;
+    for (const auto& [n, other] : connections_) admitted += other.admitted;
+    const int64_t open = static_cast<int64_t>(connections_.size());
+    if (!Allowed(c.peer)) {
+      refused_denied_.fetch_add(1, std::memory_order_relaxed);
+      LogWarning("local connection from pid ", c.peer.pid, " uid ", c.peer.uid,
+                 " gid ", c.peer.gid, " refused: not an allowed uid/gid");
+      to = denied_.get();
+    } else if (admitted >= options_.max_connections) {
+      refused_busy_.fetch_add(1, std::memory_order_relaxed);
+      to = busy_.get();
+    } else {
+      c.admitted = true;
+    }
+    if (open >= 2 * int64_t{options_.max_connections}) {
+      ::close(fd);  // far past the cap: not even an answer
+      return;
+    }
+    connections_[fd] = c;
+  }
+  grpc::AddInsecureChannelFromFd(to, fd);
+}
+
+void LocalAcceptor::Prune() const {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    struct stat st;
+    const bool same = ::fstat(it->first, &st) == 0 && S_ISSOCK(st.st_mode) &&
+                      st.st_ino == it->second.inode;
+    it = same ? std::next(it) : connections_.erase(it);
+  }
+}
+
+std::optional<LocalPeer> LocalAcceptor::PeerOf(
+    const std::string& grpc_peer) const {
+  int fd = -1;
+  if (grpc_peer.rfind("fd:", 0) != 0 ||
+      !absl::SimpleAtoi(absl::string_view(grpc_peer).substr(3), &fd)) {
+    return std::nullopt;
+  }
+  MutexLock lock(&mu_);
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return std::nullopt;
+  return it->second.peer;
+}
+
+std::string LocalAcceptor::Describe(const std::string& grpc_peer) const {
+  std::optional<LocalPeer> p = PeerOf(grpc_peer);
+  if (!p) return grpc_peer;
+  return absl::StrCat("pid ", p->pid, " uid ", p->uid);
+}
+
+LocalAcceptorFigures LocalAcceptor::Figures() const {
+  LocalAcceptorFigures f;
+  {
+    MutexLock lock(&mu_);
+    Prune();
+    for (const auto& [fd, c] : connections_) {
+      if (!c.admitted) continue;
+      ++f.connections;
+      f.peers.push_back(c.peer);
+    }
+  }
+  f.refused_busy = refused_busy_.load(std::memory_order_relaxed);
+  f.refused_denied = refused_denied_.load(std::memory_order_relaxed);
+  f.accept_failures = accept_failures_.load(std::memory_order_relaxed);
+  f.starved = starved_.load(std::memory_order_relaxed);
+  return f;
+}
+
+}  // namespace shardcast

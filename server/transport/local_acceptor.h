@@ -1,0 +1,120 @@
+// The daemon's Unix socket, accepted by the daemon itself rather than by
+// gRPC, so that it can
+//   - know who connects (SO_PEERCRED: pid, uid, gid), log it, show it in
+//     status and /metrics, and admit only configured uids/gids beyond the
+//     socket's mode (--allow-uid, --allow-gid);
+//   - cap connections: past the cap a client gets RESOURCE_EXHAUSTED on its
+//     calls (and, far past it, a closed connection) instead of taking the
+//     daemon's descriptors;
+//   - survive running out of descriptors: accept() failing with EMFILE backs
+//     off and retries (gRPC 1.51's own listener stopped accepting for good),
+//     and /healthz says so meanwhile.
+// Each accepted connection is handed to a grpc::Server with
+// AddInsecureChannelFromFd: to the daemon's server when admitted, or to a
+// port-less server that answers every call with the refusal.
+#ifndef SHARDCAST_SERVER_TRANSPORT_LOCAL_ACCEPTOR_H_
+#define SHARDCAST_SERVER_TRANSPORT_LOCAL_ACCEPTOR_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/file.h"
+#include "common/mutex.h"
+#include "grpcpp/server.h"
+
+namespace shardcast {
+
+/// Who is at the other end of a local connection (SO_PEERCRED).
+struct LocalPeer {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+struct LocalAcceptorOptions {
+  std::string path;  // the socket to create (its directory was checked)
+  mode_t mode = 0660;
+  std::string group;  // empty: the daemon's group
+  /// Connections admitted at once; more are answered RESOURCE_EXHAUSTED,
+  /// and beyond twice as many closed at once.
+  int max_connections = 1024;
+  /// When either is non-empty, only these users / members of these groups
+  /// (primary group of the connecting process) are admitted; others get
+  /// PERMISSION_DENIED. Root (uid 0) and the daemon's own uid always are.
+  std::vector<uid_t> allow_uids;
+  std::vector<gid_t> allow_gids;
+};
+
+struct LocalAcceptorFigures {
+  int64_t connections = 0;       // admitted and still open
+  int64_t refused_busy = 0;      // over the cap, since start
+  int64_t refused_denied = 0;    // not an allowed uid/gid, since start
+  int64_t accept_failures = 0;   // accept() errors (EMFILE...), since start
+  bool starved = false;          // accept() is failing right now
+  std::vector<LocalPeer> peers;  // of the open connections
+};
+
+class LocalAcceptor {
+ public:
+  /// Creates the socket (with its mode and group) and listens; connections
+  /// wait in the backlog until Serve.
+  static absl::StatusOr<std::unique_ptr<LocalAcceptor>> Create(
+      LocalAcceptorOptions options);
+  /// Starts handing connections to `server`, which must be started and
+  /// outlive the acceptor.
+  void Serve(grpc::Server* server);
+  ~LocalAcceptor();  // Stop, then cancels refused connections
+  /// Stops accepting and closes the listener (clients then get ECONNREFUSED);
+  /// PeerOf and Figures keep working. Idempotent.
+  void Stop();
+
+  /// The peer of a call whose grpc::ServerContext::peer() is `grpc_peer`
+  /// ("fd:N" for the connections handed over here); nullopt for others.
+  std::optional<LocalPeer> PeerOf(const std::string& grpc_peer) const;
+  /// "pid 1234 uid 1000" for logs, or `grpc_peer` itself.
+  std::string Describe(const std::string& grpc_peer) const;
+
+  LocalAcceptorFigures Figures() const;
+
+ private:
+  struct Connection {
+    ino_t inode = 0;  // of the socket, to notice when gRPC closed the fd
+    LocalPeer peer;
+    bool admitted = false;
+  };
+
+  explicit LocalAcceptor(LocalAcceptorOptions options);
+  void Loop();
+  void Admit(int fd);
+  bool Allowed(const LocalPeer& peer) const;
+  // Forgets connections whose descriptor gRPC has closed since.
+  void Prune() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LocalAcceptorOptions options_;
+  grpc::Server* server_ = nullptr;
+  std::unique_ptr<grpc::Server> busy_;    // answers RESOURCE_EXHAUSTED
+  std::unique_ptr<grpc::Server> denied_;  // answers PERMISSION_DENIED
+  UniqueFd listener_;
+  UniqueFd wake_;  // eventfd: stop
+  std::thread thread_;
+
+  mutable Mutex mu_;
+  mutable std::map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> refused_busy_{0};
+  std::atomic<int64_t> refused_denied_{0};
+  std::atomic<int64_t> accept_failures_{0};
+  std::atomic<bool> starved_{false};
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_TRANSPORT_LOCAL_ACCEPTOR_H_
