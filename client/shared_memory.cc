@@ -47,8 +47,10 @@ absl::StatusOr<std::shared_ptr<const ClientRegion>> ClientRegion::Open(
   request.slots = slots;
   request.slot_bytes = slot_bytes;
   const std::string out = request.Encode();
+  // EPIPE: refused at once (not allowed, busy); the reply below says why.
   if (::send(r->connection_.get(), out.data(), out.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(out.size())) {
+          static_cast<ssize_t>(out.size()) &&
+      errno != EPIPE && errno != ECONNRESET) {
     return ErrnoToStatus(errno, absl::StrCat("send to ", socket_path));
   }
   char buf[4096];

@@ -221,6 +221,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
 }  // namespace
 
 struct Daemon::Impl {
+  // The acceptor hands connections to `server`: stop it before members go
+  // (Start may fail after Serve, without Shutdown).
+  ~Impl() {
+    if (local != nullptr) local->Stop();
+  }
+
   DaemonOptions options;
   Metrics metrics;
   std::atomic<bool> serving{false};
@@ -230,10 +236,11 @@ struct Daemon::Impl {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
+  // The Unix socket (null without); before shm, which asks it who may map.
+  std::unique_ptr<LocalAcceptor> local;
   std::unique_ptr<ShmService> shm;  // null: shared memory is off
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
-  std::unique_ptr<LocalAcceptor> local;  // the Unix socket; null without
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpAdmin> http;
   UniqueFd socket_lock;
@@ -278,13 +285,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       std::make_unique<WorkerPool>(static_cast<int>(options.query_threads));
   // Idle batch buffers kept for reuse: a few per stream at most.
   d->buffers = std::make_unique<BufferPool>(256ull << 20);
-  if (!options.unix_socket.empty() && !options.disable_shared_memory) {
-    ShmServiceOptions shm;
-    shm.path = options.unix_socket + shm::kSocketSuffix;
-    shm.mode = kSocketMode;
-    shm.group = options.socket_group;
-    ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
-  }
   if (!options.unix_socket.empty()) {
     LocalAcceptorOptions local;
     local.path = options.unix_socket;
@@ -294,6 +294,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(local.allow_uids, ResolveUsers(options.allow_users));
     ASSIGN_OR_RETURN(local.allow_gids, ResolveGroups(options.allow_groups));
     ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));
+  }
+  if (!options.unix_socket.empty() && !options.disable_shared_memory) {
+    ShmServiceOptions shm;
+    shm.path = options.unix_socket + shm::kSocketSuffix;
+    shm.mode = kSocketMode;
+    shm.group = options.socket_group;
+    shm.admits = [local = d->local.get()](uid_t uid, gid_t gid) {
+      return local->Admits({0, uid, gid});
+    };
+    ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
   }
   TransportContext context;
   context.engine = d->engine.get();

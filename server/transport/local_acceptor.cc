@@ -180,7 +180,7 @@ void LocalAcceptor::Loop() {
   }
 }
 
-bool LocalAcceptor::Allowed(const LocalPeer& peer) const {
+bool LocalAcceptor::Admits(const LocalPeer& peer) const {
   if (options_.allow_uids.empty() && options_.allow_gids.empty()) return true;
   if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
   const auto& uids = options_.allow_uids;
@@ -205,7 +205,7 @@ void LocalAcceptor::Admit(int fd) {
     int64_t admitted = 0;
     for (const auto& [n, other] : connections_) admitted += other.admitted;
     const int64_t open = static_cast<int64_t>(connections_.size());
-    if (!Allowed(c.peer)) {
+    if (!Admits(c.peer)) {
       refused_denied_.fetch_add(1, std::memory_order_relaxed);
       LogWarning("local connection from pid ", c.peer.pid, " uid ", c.peer.uid,
                  " gid ", c.peer.gid, " refused: not an allowed uid/gid");

@@ -85,6 +85,10 @@ class LocalAcceptor {
 
   LocalAcceptorFigures Figures() const;
 
+  /// Whether --allow-user/--allow-group let `peer` in (always true without
+  /// them; root and the daemon's own user always are).
+  bool Admits(const LocalPeer& peer) const;
+
  private:
   struct Connection {
     ino_t inode = 0;  // of the socket, to notice when gRPC closed the fd
@@ -95,7 +99,6 @@ class LocalAcceptor {
   explicit LocalAcceptor(LocalAcceptorOptions options);
   void Loop();
   void Admit(int fd);
-  bool Allowed(const LocalPeer& peer) const;
   // Forgets connections whose descriptor gRPC has closed since.
   void Prune() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -72,11 +72,13 @@ struct ShmService::Connection {
   pid_t pid = 0;
   uid_t uid = 0;
   bool answered = false;
-  std::string token;  // of its region, once made
+  absl::Status refusal;  // not OK: the answer to its request, whatever it is
+  std::string token;     // of its region, once made
 };
 
 ShmRegion::~ShmRegion() {
-  if (base_ != nullptr) ::munmap(base_, bytes());
+  if (base_ == nullptr) return;  // refused before it was mapped and counted
+  ::munmap(base_, bytes());
   Counters().regions--;
   Counters().bytes -= bytes();
 }
@@ -241,6 +243,8 @@ void ShmService::Serve(Connection& c) {
       !request.Decode(absl::string_view(buf, static_cast<size_t>(n)))) {
     region = absl::InvalidArgumentError(
         "not a shardcast region request (see common/shm_protocol.h)");
+  } else if (!c.refusal.ok()) {
+    region = c.refusal;
   } else {
     region = MakeRegion(request.slots, request.slot_bytes, &memfd);
   }
@@ -325,11 +329,21 @@ void ShmService::Loop() {
         c->fd.Reset(fd);
         struct ucred cred = {};
         socklen_t len = sizeof(cred);
-        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        const bool known =
+            ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+        if (known) {
           c->pid = cred.pid;
           c->uid = cred.uid;
         }
-        if (static_cast<int>(conns.size()) >= options_.max_connections) {
+        if (options_.admits &&
+            !(known && options_.admits(cred.uid, cred.gid))) {
+          // Answered when its request comes: closing now would reset the
+          // connection and lose the reason.
+          c->refusal = absl::PermissionDeniedError(
+              "this user may not use shardcastd: not in --allow-user / "
+              "--allow-group");
+          conns.push_back(std::move(c));
+        } else if (static_cast<int>(conns.size()) >= options_.max_connections) {
           shm::RegionReply reply;
           reply.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
           reply.message = absl::StrCat("the daemon has ", conns.size(),

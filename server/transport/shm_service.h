@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,6 +72,9 @@ struct ShmServiceOptions {
   uint32_t max_slots = 16;  // per region
   uint64_t max_region_bytes = 1ull << 30;
   int max_connections = 256;  // open side-channel connections
+  /// Whether a peer (uid, primary gid) may have regions; empty: anyone the
+  /// socket's mode lets in. The daemon passes its --allow-user/-group.
+  std::function<bool(uid_t, gid_t)> admits;
 };
 
 /// Figures for status pages.

@@ -461,10 +461,14 @@ def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
     import tempfile
     run = Path(tempfile.mkdtemp(prefix="shardcast-allow-", dir="/tmp"))
     os.chmod(run, 0o755)  # nobody may reach the socket; its group decides
+    # The main socket and the shared-memory side channel both ask.
     probe = ("import sys, shardcast\n"
+             "from shardcast import _shm\n"
              "c = shardcast.Client(sys.argv[1], timeout=5)\n"
              "try:\n    c.describe(sys.argv[2]); print('OK')\n"
-             "except shardcast.Error as e:\n    print(e.code, e.message)\n")
+             "except shardcast.Error as e:\n    print(e.code, e.message)\n"
+             "try:\n    _shm.Region(sys.argv[1][5:] + '.shm', 2, 4096).close(); print('SHM OK')\n"
+             "except _shm.RegionRefused as e:\n    print('SHM', e.code, e.message)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
     for allow, expect in ((["--allow-user", "12345"], "PERMISSION_DENIED"), ([], "OK")):
         d = Daemon(root, run, extra=["--socket-group", "nogroup", *allow])
@@ -473,6 +477,9 @@ def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
                                  capture_output=True, text=True, timeout=30,
                                  preexec_fn=as_nobody, env=env)
             assert out.stdout.startswith(expect), out.stdout + out.stderr
+            shm_line = out.stdout.splitlines()[-1]
+            assert shm_line == "SHM OK" if expect == "OK" else \
+                shm_line.startswith("SHM 7 "), out.stdout + out.stderr  # 7: denied
             if expect != "OK":
                 assert "--allow-user" in out.stdout, out.stdout
             d.alive()

@@ -49,7 +49,10 @@ class Region:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._sock.connect(path)
-            self._sock.sendall(_REQUEST.pack(MAGIC, slots, slot_bytes))
+            try:
+                self._sock.sendall(_REQUEST.pack(MAGIC, slots, slot_bytes))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at once (not allowed, busy): the reply says why
             data, ancdata, _, _ = self._sock.recvmsg(
                 4096, socket.CMSG_SPACE(struct.calcsize("i")))
             fds = []
