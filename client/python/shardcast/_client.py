@@ -22,6 +22,13 @@ from shardcast.v1 import shardcast_pb2 as pb
 from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
 _MAX_MESSAGE = 80 << 20  # the daemon's: > 64 MiB payload + header
+
+# grpcio's core does not survive fork() once it has opened a channel: a
+# forked child (a DataLoader worker under the default start method) then
+# hangs or aborts inside grpc. Remember which process opened channels, so a
+# forked child gets a clear error instead.
+_IMPORT_PID = os.getpid()
+_channel_opened = False
 _TOKENS = {"content": pb.TOKENS_CONTENT, "special": pb.TOKENS_SPECIAL,
            "all": pb.TOKENS_ALL}
 _ORDERS = {"shuffled": pb.ORDER_SHUFFLED, "ordered": pb.ORDER_ORDERED}
@@ -239,6 +246,15 @@ class Client:
         if not address:
             raise Error("INVALID_ARGUMENT", "no daemon address: pass one or set "
                         f"{ADDRESS_VARIABLE} (e.g. unix:/run/shardcast/shardcastd.sock)")
+        global _channel_opened
+        if _channel_opened and os.getpid() != _IMPORT_PID and \
+                os.environ.get("GRPC_ENABLE_FORK_SUPPORT") not in ("1", "true"):
+            raise Error("FAILED_PRECONDITION", (
+                "this process was forked from one that had already opened a gRPC "
+                "channel, and grpcio does not survive that (it hangs or aborts); "
+                "use DataLoader(..., multiprocessing_context='spawn'), or create "
+                "the first shardcast.Client only inside the workers"))
+        _channel_opened = True
         self.address = address
         self.shared_memory = shared_memory
         self.slots = max(2, min(16, int(slots)))

@@ -90,8 +90,14 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
         # a fork.
         client = Client(self.address, shared_memory=self.shared_memory,
                         slots=self.slots)
+        # In a DataLoader worker an item is pickled for the main process by
+        # the queue's feeder thread, after this generator has moved on and
+        # the slot may hold a later batch: workers take owned copies.
+        kwargs = dict(self.kwargs)
+        if torch.utils.data.get_worker_info() is not None:
+            kwargs["copy"] = True
         stream = client.stream(self.dataset, rank=rank, world_size=world,
-                               resume_token=self._resume_token, **self.kwargs)
+                               resume_token=self._resume_token, **kwargs)
         self._resume_token = b""
         registered = None
         try:

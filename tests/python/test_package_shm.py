@@ -1,0 +1,307 @@
+"""The shared-memory path of the shardcast Python package against a real
+shardcastd: two trainer processes sharing one disk pass, a SIGKILLed client
+leaving nothing behind, clients that tamper with slot releases or ask for
+absurd regions.
+
+Expected vectors come from numpy reads of the files (package_fixtures.
+Reference); "nothing behind" is read from the kernel (/proc/<daemon>/maps and
+/fd, /dev/shm) as well as from the daemon's status.
+"""
+
+import multiprocessing
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from package_fixtures import (CHILD_ENV, PacedTrainer, assert_exact_epoch,  # noqa: F401
+                              datasets, memfd_fds, memfd_mappings, package_logs,
+                              raw_requests, sockdir, spawn_trainer, start_daemon,
+                              wait_for)
+
+import shardcast
+from shardcast import _shm
+from shardcast.v1 import shardcast_pb2 as pb
+from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
+
+ALONE = ("--scan-start-delay-ms", "0")
+
+
+def shm_path(daemon):
+    return str(daemon.sock) + _shm.SOCKET_SUFFIX
+
+
+# ---------------------------------------------------------------------------
+# Two trainer processes, one disk pass.
+
+def test_two_spawned_trainers_share_one_disk_pass(start_daemon, datasets):
+    """Two trainers in separate processes (multiprocessing spawn), started
+    together, each stream one exact shuffled epoch over shared memory with
+    numpy's values, and the daemon reads the selection from disk once: its
+    own counter of bytes read is <= 1.05 x the selected bytes (labels.bin is
+    read with the blocks too, 16 bytes per example touched)."""
+    # The scan waits 2.5 s for the second trainer before its first read.
+    d = start_daemon("--scan-start-delay-ms", "2500")
+    r = datasets.main
+    layer = 6
+    want = r.selection(layer)
+    selected = len(want) * r.D * 4
+    with shardcast.Client(d.address) as client:
+        before = client.status().bytes_read_from_disk
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=spawn_trainer,
+                         args=(d.address, r.id, layer, barrier, results, name, seed))
+             for name, seed in (("a", 1), ("b", 2))]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    for item in got:
+        assert len(item) == 6, f"trainer {item[0]} failed:\n{item[1]}"
+        name, ex, tok, lay, vec, used_shm = item
+        assert used_shm, f"trainer {name} did not use shared memory"
+        rows = r.rows(vec, ex, tok, lay, check_labels=False, what=f"trainer {name}")
+        assert_exact_epoch(rows, want, f"trainer {name}")
+    assert [p.exitcode for p in procs] == [0, 0]
+    with shardcast.Client(d.address) as client:
+        read = client.status().bytes_read_from_disk - before
+    assert selected <= read <= 1.05 * selected, (
+        f"two trainers made the daemon read {read} bytes for {selected} selected "
+        f"({read / selected:.2f} x)")
+
+
+# ---------------------------------------------------------------------------
+# A SIGKILLed client.
+
+VICTIM = r"""
+import sys, time
+import shardcast
+from shardcast import _shm
+address, dataset, mode, sock = sys.argv[1:5]
+if mode == "region":   # a region asked for, never used by a stream
+    region = _shm.Region(sock + _shm.SOCKET_SUFFIX, 4, 1 << 16)
+    print("ready", flush=True)
+else:                  # a shared-memory stream holding a batch
+    client = shardcast.Client(address)
+    stream = client.stream(dataset, layer=6, batch_size=16, epochs=0, seed=9)
+    batch = next(stream)
+    print("ready", stream.shared_memory, batch.slot is not None, flush=True)
+time.sleep(120)
+"""
+
+
+def _read_line(proc, timeout=30):
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"victim printed nothing within {timeout} s"
+    return proc.stdout.readline().decode()
+
+
+@pytest.mark.parametrize("mode", ["stream", "region"])
+def test_sigkilled_client_leaves_nothing_behind(start_daemon, datasets, mode):
+    """A Python client killed with SIGKILL while it holds a shared-memory
+    region (and, in "stream" mode, a SharedStream with a batch in a slot)
+    leaves nothing: no new /dev/shm entry, no memfd descriptor or mapping in
+    the daemon beyond the baseline, status().shm_regions back to 0; a trainer
+    on the same selection, paused across the kill, still gets an exact
+    epoch."""
+    d = start_daemon("--scan-start-delay-ms", "0")
+    r = datasets.main
+    dev_shm = set(os.listdir("/dev/shm"))
+    base_maps, base_fds = len(memfd_mappings(d.pid)), len(memfd_fds(d.pid))
+    with shardcast.Client(d.address) as client:
+        trainer = PacedTrainer(client, r, pause_after=2, layer=6, batch_size=16,
+                               seed=4, epochs=1)
+        trainer.start()
+        try:
+            assert trainer.paused.wait(30) and trainer.error is None, trainer.error
+            victim = subprocess.Popen(
+                [sys.executable, "-c", VICTIM, d.address, r.id, mode, str(d.sock)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV)
+            try:
+                line = _read_line(victim)
+                assert line.startswith("ready"), line
+                if mode == "stream":
+                    assert line.split()[1:] == ["True", "True"], line
+                st = client.status()
+                # The check below can fail: both regions are visible now.
+                assert st.shm_regions == 2, st
+                assert st.shm_streams == (2 if mode == "stream" else 1), st
+                assert len(memfd_mappings(d.pid)) == base_maps + 2
+            finally:
+                victim.kill()  # SIGKILL
+                victim.wait(timeout=10)
+                err = victim.stderr.read().decode(errors="replace")
+            assert victim.returncode == -9, err
+            wait_for(lambda: client.status().shm_regions == 1, what="victim's region freed")
+            assert client.status().shm_streams == 1
+            assert len(memfd_mappings(d.pid)) == base_maps + 1
+        finally:
+            trainer.resume.set()
+            trainer.join(60)
+        assert not trainer.is_alive()
+        assert trainer.error is None, repr(trainer.error)
+        assert trainer.shared_memory
+        assert_exact_epoch(trainer.rows, r.selection(6), "concurrent trainer")
+        st = wait_for(lambda: (lambda s: s if s.shm_regions == 0 else None)(client.status()),
+                      what="all regions freed")
+        assert (st.shm_streams, st.shm_bytes) == (0, 0)
+    wait_for(lambda: len(memfd_mappings(d.pid)) == base_maps, what="daemon unmapped")
+    assert len(memfd_fds(d.pid)) == base_fds
+    new = set(os.listdir("/dev/shm")) - dev_shm
+    if new:  # other programs on this machine come and go: keep what stays
+        time.sleep(1)
+        new &= set(os.listdir("/dev/shm"))
+    assert new == set(), f"new in /dev/shm: {sorted(new)}"
+
+
+# ---------------------------------------------------------------------------
+# Tampering with slot releases.
+
+def _next_until_error(stream, limit=50):
+    """Iterates until the stream raises shardcast.Error; that error."""
+    for _ in range(limit):
+        try:
+            next(stream)
+        except shardcast.Error as e:
+            return e
+        except StopIteration:
+            break
+    raise AssertionError("the stream went on without an error")
+
+
+@pytest.mark.parametrize("tamper", ["out_of_range", "twice", "not_held"])
+def test_tampered_release_is_invalid_argument_and_others_are_served(
+        start_daemon, datasets, tamper):
+    """A client that releases a slot index out of range, releases a slot
+    twice, or releases a slot it was never given gets its stream ended with
+    shardcast.Error INVALID_ARGUMENT (naming the slot); a trainer streaming
+    meanwhile and one starting afterwards each get an exact epoch, and the
+    tampering client's region is freed."""
+    # not_held: the shuffled scan waits 1.5 s before its first batch, so no
+    # slot has been handed out when the client releases one.
+    d = start_daemon("--scan-start-delay-ms", "1500" if tamper == "not_held" else "0")
+    r = datasets.main
+    with shardcast.Client(d.address, slots=2) as client:
+        trainer = PacedTrainer(client, r, pause_after=1, layer=12, order="ordered",
+                               batch_size=32, epochs=1)
+        trainer.start()
+        try:
+            assert trainer.paused.wait(30) and trainer.error is None, trainer.error
+            if tamper == "out_of_range":
+                s = client.stream(r.id, layer=6, order="ordered", batch_size=16, epochs=0)
+                next(s)
+                s._held = 99  # the next call releases slot 99 of 2
+                e = _next_until_error(s)
+                slot = 99
+            elif tamper == "twice":
+                s = client.stream(r.id, layer=6, order="ordered", batch_size=16, epochs=0)
+                b = next(s)
+                slot = b.slot
+                time.sleep(0.3)  # the daemon fills and sends the other slot too
+                s._held = None
+                s._requests.put(pb.SharedStreamMessage(release=[slot, slot]))
+                e = _next_until_error(s)
+            else:
+                region = _shm.Region(shm_path(d), 2, 16 * r.D * 4)
+                q, it = raw_requests()
+                q.put(pb.SharedStreamMessage(
+                    request=pb.StreamRequest(dataset=r.id, layer=6, batch_size=16,
+                                             epochs=1, world_size=1),
+                    region=region.token))
+                with grpc.insecure_channel(d.address) as ch:
+                    call = pb_grpc.StreamStub(ch).SharedStream(it, timeout=30)
+                    slot = 1
+                    q.put(pb.SharedStreamMessage(release=[slot]))
+                    try:
+                        with pytest.raises(grpc.RpcError) as raised:
+                            for m in call:
+                                raise AssertionError(f"a batch came (slot {m.slot}) "
+                                                     "before the scan started")
+                    finally:
+                        q.put(None)
+                        region.close()
+                e = shardcast.Error._from_rpc(raised.value)
+            assert e.code == "INVALID_ARGUMENT", e
+            assert f"slot {slot}" in e.message and "does not hold" in e.message, e.message
+        finally:
+            trainer.resume.set()
+            trainer.join(60)
+        assert trainer.error is None, repr(trainer.error)
+        assert_exact_epoch(trainer.rows, r.selection(12), "concurrent trainer")
+        assert trainer.rows == r.selection(12), "ordered trainer out of disk order"
+        with client.stream(r.id, layer=6, batch_size=50, seed=7) as s:
+            rows = [row for b in s for row in r.batch_rows(b, 6)]
+        assert_exact_epoch(rows, r.selection(6), "trainer after the tampering")
+        wait_for(lambda: client.status().shm_regions == 0, what="regions freed")
+
+
+# ---------------------------------------------------------------------------
+# Absurd region requests.
+
+def test_absurd_region_requests_are_refused_cleanly(start_daemon, datasets):
+    """Region requests with 0 or 1000 slots, slots of 0 or 2^62 bytes, 16
+    slots of 512 MiB (over the per-region limit), or bytes that are not a
+    request at all get a refusal with a code and a message, and leave no
+    region behind; a stream asking for a batch no slot can hold gets
+    INVALID_ARGUMENT; the daemon then serves an exact epoch."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    base_maps = len(memfd_mappings(d.pid))
+    cases = [((0, 4096), 3, "slots"), ((1000, 4096), 3, "slots"),
+             ((4, 0), 3, "slot of 0 bytes"), ((4, 1 << 62), 3, "bytes"),
+             ((16, 512 << 20), 8, "exceeds")]
+    for (slots, slot_bytes), code, words in cases:
+        with pytest.raises(_shm.RegionRefused) as e:
+            _shm.Region(shm_path(d), slots, slot_bytes)
+        assert (e.value.code, words in e.value.message) == (code, True), (
+            slots, slot_bytes, e.value.code, e.value.message)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(shm_path(d))
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        data, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4))
+    assert data[:4] == _shm.MAGIC and anc == [], data
+    code = int.from_bytes(data[4:8], "little")
+    assert code == 3 and b"not a shardcast region request" in data[48:], data
+    with shardcast.Client(d.address) as client:
+        with pytest.raises(shardcast.Error) as e:
+            next(client.stream(r.id, layer=6, batch_size=10 ** 7))
+        assert e.value.code == "INVALID_ARGUMENT", e.value
+        st = client.status()
+        assert (st.shm_regions, st.shm_bytes, st.shm_streams) == (0, 0, 0), st
+        assert len(memfd_mappings(d.pid)) == base_maps
+        with client.stream(r.id, layer=6, batch_size=50, seed=7) as s:
+            rows = [row for b in s for row in r.batch_rows(b, 6)]
+            assert s.shared_memory
+        assert_exact_epoch(rows, r.selection(6))
+
+
+def test_region_refused_by_the_reservoir_leaves_the_count_at_zero(start_daemon, datasets):
+    """A region larger than the reservoir (2 slots of 40 MiB with a 64 MiB
+    reservoir) is refused with RESOURCE_EXHAUSTED naming --reservoir-bytes,
+    and status().shm_regions stays 0 (it counts mapped regions); the same
+    refusal reached through the package (a stream whose 4 slots exceed the
+    reservoir) too."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    with pytest.raises(_shm.RegionRefused) as e:
+        _shm.Region(shm_path(d), 2, 40 << 20)
+    assert e.value.code == 8 and "--reservoir-bytes" in e.value.message, e.value.message
+    with shardcast.Client(d.address) as client:
+        with pytest.raises(shardcast.Error) as e:
+            next(client.stream(r.id, layer=6, batch_size=100_000))  # 4 x 25.6 MB
+        assert e.value.code == "RESOURCE_EXHAUSTED", e.value
+        st = client.status()
+        assert (st.shm_regions, st.shm_bytes, st.shm_streams) == (0, 0, 0), (
+            f"after two refused regions the daemon counts shm_regions={st.shm_regions}")

@@ -1,0 +1,308 @@
+"""shardcast.torch (ShardcastDataset) and shardcast.compat.saev (saev's
+DataLoaders) against a real shardcastd.
+
+Expected vectors come from numpy reads of the files (package_fixtures.
+Reference); partitions are checked against the rules of
+proto/shardcast/v1/shardcast.proto (shuffled: vector g of the selection in
+disk order belongs to rank g mod W; ordered: rank r of W gets the contiguous
+range [V*r/W, V*(r+1)/W)); saev's batch keys come from seed 001 (protocol
+1.0.0 loaders: act, image_i, patch_i).
+
+grpcio does not survive a fork in a process that has used it (see
+test_workers_fork_while_the_main_process_holds_a_client), so forked
+DataLoader workers run in a fresh process that opens no channel itself.
+"""
+
+import gc
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data
+
+from package_fixtures import (CHILD_ENV, assert_exact_epoch, datasets,  # noqa: F401
+                              in_memfd_mapping, package_logs, sockdir, start_daemon)
+
+import shardcast
+from shardcast.compat.saev import ordered, shuffled
+from shardcast.torch import ShardcastDataset
+
+ALONE = ("--scan-start-delay-ms", "0")
+
+
+def item_rows(r, item, layer, what="item"):
+    """Rows of one ShardcastDataset item (a dict of tensors), after checking
+    its types and every vector and label against numpy."""
+    v = item["vectors"]
+    assert isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.ndim == 2, what
+    assert item["example_idx"].dtype == torch.int64, what
+    assert item["token_idx"].dtype == torch.int32, what
+    if layer is None:
+        assert item["layer"].dtype == torch.int64, what
+        lay = item["layer"].numpy()
+    else:
+        assert "layer" not in item, what
+        lay = np.full(v.shape[0], layer, dtype=np.int64)
+    labels = item.get("labels")
+    if labels is not None:
+        assert labels.dtype == torch.uint8, what
+        labels = labels.numpy()
+    return r.rows(v.numpy(), item["example_idx"].numpy(), item["token_idx"].numpy(), lay,
+                  labels, what=what)
+
+
+# ---------------------------------------------------------------------------
+# ShardcastDataset in a DataLoader.
+
+FORKED_WORKERS_EPOCH = r"""
+import sys
+import numpy as np
+import torch
+import torch.utils.data
+from shardcast.torch import ShardcastDataset
+address, dataset, out = sys.argv[1:4]
+arrays = {}
+for order in ("shuffled", "ordered"):
+    data = ShardcastDataset(dataset, address=address, layer=None, tokens="all",
+                            order=order, batch_size=60, seed=3)
+    cols = {"vectors": [], "example_idx": [], "token_idx": [], "layer": [], "labels": []}
+    for item in torch.utils.data.DataLoader(data, batch_size=None, num_workers=2,
+                                            timeout=30):
+        want = {"vectors": torch.float32, "example_idx": torch.int64,
+                "token_idx": torch.int32, "layer": torch.int64, "labels": torch.uint8}
+        assert set(item) == set(want), sorted(item)
+        for k, dtype in want.items():
+            assert item[k].dtype == dtype, (k, item[k].dtype)
+            cols[k].append(item[k].numpy())
+    for k, v in cols.items():
+        arrays[f"{order}_{k}"] = np.concatenate(v)
+    arrays[f"{order}_items"] = np.array([len(cols["vectors"])])
+np.savez(out, **arrays)
+"""
+
+
+def test_two_forked_dataloader_workers_cover_one_epoch_exactly(start_daemon, datasets,
+                                                               tmp_path):
+    """DataLoader(ShardcastDataset, batch_size=None, num_workers=2) with the
+    default (fork) workers, in a fresh training process that opens no
+    channel itself (grpcio does not survive a fork otherwise, see
+    test_workers_fork_while_the_main_process_holds_a_client): each worker
+    streams its own partition, and together they deliver every selected
+    (example, layer, token) exactly once with numpy's values, shuffled and
+    ordered; items are dicts of tensors (vectors float32 [B, D], example_idx
+    int64, token_idx int32, layer int64, labels uint8). Regression: a
+    worker's vectors used to be its shared-memory slot, pickled for the main
+    process only after the worker had released it, so items arrived with a
+    later batch's vectors."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    out = tmp_path / "epoch.npz"
+    proc = subprocess.run([sys.executable, "-c", FORKED_WORKERS_EPOCH, d.address, r.id,
+                           str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=CHILD_ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    got = np.load(out)
+    want = r.selection(None, "all")
+    for order in ("shuffled", "ordered"):
+        rows = r.rows(*(got[f"{order}_{k}"] for k in ("vectors", "example_idx",
+                                                       "token_idx", "layer", "labels")),
+                      what=order)
+        assert_exact_epoch(rows, want, order)
+        # Two partitions of 680 vectors in batches of 60: 12 batches each.
+        assert int(got[f"{order}_items"][0]) == 24, order
+
+
+def test_two_spawned_dataloader_workers_cover_one_epoch_exactly(start_daemon, datasets):
+    """The same with multiprocessing_context="spawn", in this process and
+    while it holds an open shardcast.Client (spawned workers start clean):
+    one exact epoch with numpy's values."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    with shardcast.Client(d.address) as client:
+        assert client.describe(r.id).d_model == r.D
+        data = ShardcastDataset(r.id, address=d.address, layer=None, tokens="all",
+                                batch_size=60, seed=3)
+        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2,
+                                             multiprocessing_context="spawn", timeout=60)
+        rows = [row for i, item in enumerate(loader)
+                for row in item_rows(r, item, None, f"item {i}")]
+    assert_exact_epoch(rows, r.selection(None, "all"))
+
+
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+def test_two_ranks_are_disjoint_and_cover_one_epoch(start_daemon, datasets, order):
+    """ShardcastDataset(rank=r, world_size=2) for r = 0, 1: each rank gets
+    exactly its partition (shuffled: selected vector g goes to rank g mod 2;
+    ordered: the two halves, in disk order), so the ranks are disjoint and
+    their union is one epoch. With num_workers=0 the vectors are float32
+    tensors over the daemon's shared-memory slot, without a copy."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    want = r.selection(6)
+    per_rank = {}
+    for rank in (0, 1):
+        data = ShardcastDataset(r.id, address=d.address, layer=6, order=order,
+                                batch_size=50, seed=11, rank=rank, world_size=2)
+        assert data.partition() == (rank, 2)
+        rows = []
+        for i, item in enumerate(torch.utils.data.DataLoader(data, batch_size=None)):
+            assert in_memfd_mapping(item["vectors"].data_ptr()), (
+                f"rank {rank} item {i}: vectors are not the shared-memory slot")
+            rows.extend(item_rows(r, item, 6, f"rank {rank} item {i}"))
+        per_rank[rank] = rows
+    assert not set(per_rank[0]) & set(per_rank[1]), "ranks overlap"
+    assert_exact_epoch(per_rank[0] + per_rank[1], want)
+    if order == "shuffled":
+        for rank in (0, 1):
+            assert_exact_epoch(per_rank[rank], want[rank::2], f"rank {rank}")
+    else:
+        half = len(want) // 2
+        assert per_rank[0] == want[:half] and per_rank[1] == want[half:]
+
+
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+def test_state_dict_resumes_the_epoch_exactly(start_daemon, datasets, order):
+    """state_dict() after some items, load_state_dict() into a new
+    ShardcastDataset: the new iteration delivers exactly the rest of the
+    epoch (before + after is one exact epoch, nothing twice)."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    args = dict(address=d.address, layer=None, tokens="content", order=order,
+                batch_size=70, seed=5)
+    data = ShardcastDataset(r.id, **args)
+    before = []
+    it = iter(torch.utils.data.DataLoader(data, batch_size=None))
+    for i in range(4):
+        before.extend(item_rows(r, next(it), None, f"item {i}"))
+    state = data.state_dict()
+    del it
+    gc.collect()  # ends the first stream
+    assert isinstance(state["resume_token"], bytes) and state["resume_token"]
+
+    again = ShardcastDataset(r.id, **args)
+    again.load_state_dict(state)
+    after = [row for i, item in enumerate(torch.utils.data.DataLoader(again, batch_size=None))
+             for row in item_rows(r, item, None, f"resumed item {i}")]
+    want = r.selection(None, "content")
+    assert 0 < len(before) < len(want)
+    assert_exact_epoch(before + after, want)
+    if order == "ordered":
+        assert before + after == want
+
+
+FORKED_WORKERS = r"""
+import sys
+import torch.utils.data
+import shardcast
+from shardcast.torch import ShardcastDataset
+address, dataset = sys.argv[1:3]
+client = shardcast.Client(address)  # held open, as a training script may
+client.describe(dataset)
+data = ShardcastDataset(dataset, address=address, layer=12, batch_size=64, seed=1)
+loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, timeout=3)
+print(sum(item["vectors"].shape[0] for item in loader), flush=True)
+"""
+
+
+def test_workers_forked_after_the_main_process_used_grpc_fail_clearly(start_daemon,
+                                                                     datasets):
+    """grpcio does not survive fork() after it opened a channel: forked
+    DataLoader workers hung or aborted in grpc. They now fail at once with
+    an error that says to use multiprocessing_context='spawn'."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    env = {k: v for k, v in CHILD_ENV.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    proc = subprocess.run([sys.executable, "-c", FORKED_WORKERS, d.address, r.id],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                          timeout=60)
+    err = proc.stderr.decode(errors="replace")[-3000:]
+    assert proc.returncode != 0, "forked workers streamed after the parent used grpc?"
+    assert "multiprocessing_context='spawn'" in err, err
+
+
+# ---------------------------------------------------------------------------
+# shardcast.compat.saev.
+
+# name: (dataset, config fields, the batch's index keys)
+SAEV_CASES = {
+    "v1.0.0": ("v1", dict(patches="image", layer=3), ("image_i", "patch_i")),
+    "v2.1": ("main", dict(tokens="content", layer=12), ("example_idx", "token_idx")),
+    "v2.1-saev": ("saev", dict(tokens="all", layer=4), ("example_idx", "token_idx")),
+}
+
+
+@pytest.mark.parametrize("module", [shuffled, ordered], ids=["shuffled", "ordered"])
+@pytest.mark.parametrize("case", list(SAEV_CASES))
+def test_saev_loader_batches_have_the_protocols_keys_and_numpy_values(
+        start_daemon, datasets, case, module):
+    """compat.saev's DataLoader yields dicts with exactly the keys of that
+    protocol's saev batches (act, image_i, patch_i for 1.0.0 as in seed 001;
+    act, example_idx, token_idx for 2.x), act float32 [B, D] and int64
+    indices (patch/token index -1 = CLS) whose vectors equal numpy; one pass
+    is one exact epoch (disk order for the ordered loader), n_samples and
+    len() match it."""
+    name, fields, (ex_key, tok_key) = SAEV_CASES[case]
+    r = getattr(datasets, name)
+    d = start_daemon(*ALONE)
+    root_field = "shard_root" if name == "v1" else "shards"
+    tokens = {"image": "content"}.get(fields.get("patches"), fields.get("tokens"))
+    cfg = module.Config(**{root_field: str(r.path)}, batch_size=23, seed=3,
+                        address=d.address, **fields)
+    loader = module.DataLoader(cfg)
+    want = r.selection(fields["layer"], tokens)
+    assert loader.n_samples == len(want) and len(loader) == -(-len(want) // 23)
+    rows, n_batches = [], 0
+    for batch in loader:
+        assert set(batch) == {"act", ex_key, tok_key}, sorted(batch)
+        act = batch["act"]
+        assert act.dtype == torch.float32 and act.shape[1:] == (r.D,)
+        assert batch[ex_key].dtype == torch.int64 and batch[tok_key].dtype == torch.int64
+        rows.extend(r.rows(act.numpy(), batch[ex_key].numpy(), batch[tok_key].numpy(),
+                           np.full(act.shape[0], fields["layer"]), check_labels=False,
+                           what=f"{case} batch {n_batches}"))
+        n_batches += 1
+    assert n_batches == len(loader)
+    assert_exact_epoch(rows, want)
+    if module is ordered:
+        assert rows == want, "ordered loader is not in disk order"
+    loader.shutdown()
+
+
+def test_saev_all_layers_all_patches_and_passes(start_daemon, datasets):
+    """layer="all", patches="all" on a 1.0.0 dataset: a batch has no layer
+    key (as in saev), so each act row is found among numpy's vectors by
+    value and must sit at the (image_i, patch_i) the batch names; each pass
+    of the shuffled loader is one exact epoch, two passes differ; with
+    drop_last every batch is full and len() counts them."""
+    r = datasets.v1
+    d = start_daemon(*ALONE)
+    by_value = {}
+    for e, l, t in r.selection(None, "all"):
+        by_value.setdefault(r.vector(e, l, t).tobytes(), []).append((e, l, t))
+    assert all(len(v) == 1 for v in by_value.values()), "synthetic vectors repeat"
+    cfg = shuffled.Config(shard_root=str(r.path), patches="all", layer="all",
+                          batch_size=17, seed=2, address=d.address)
+    loader = shuffled.DataLoader(cfg)
+    passes = []
+    for _ in range(2):
+        rows = []
+        for batch in loader:
+            assert set(batch) == {"act", "image_i", "patch_i"}
+            act = batch["act"].numpy()
+            for i in range(act.shape[0]):
+                hit = by_value.get(act[i].tobytes())
+                assert hit, f"row {i}: a vector numpy does not have"
+                e, l, t = hit[0]
+                assert (int(batch["image_i"][i]), int(batch["patch_i"][i])) == (e, t - r.cls)
+                rows.append((e, l, t))
+        assert_exact_epoch(rows, r.selection(None, "all"))
+        passes.append(rows)
+    assert passes[0] != passes[1], "two passes in the same order"
+
+    cfg = ordered.Config(shard_root=str(r.path), patches="image", layer=1,
+                         batch_size=10, drop_last=True, address=d.address)
+    loader = ordered.DataLoader(cfg)
+    sizes = [b["act"].shape[0] for b in loader]
+    assert sizes == [10] * (len(r.selection(1)) // 10) and len(loader) == len(sizes)
