@@ -14,6 +14,7 @@ DataLoader workers run in a fresh process that opens no channel itself.
 """
 
 import gc
+from pathlib import Path
 import subprocess
 import sys
 
@@ -306,3 +307,39 @@ def test_saev_all_layers_all_patches_and_passes(start_daemon, datasets):
     loader = ordered.DataLoader(cfg)
     sizes = [b["act"].shape[0] for b in loader]
     assert sizes == [10] * (len(r.selection(1)) // 10) and len(loader) == len(sizes)
+
+
+README_HARNESS = r"""
+import sys, torch
+address, dataset, code = sys.argv[1:4]
+# The README's loop on a machine without a GPU: .cuda() stays on the CPU.
+torch.Tensor.cuda = lambda self, non_blocking=False: self
+d_model = int(sys.argv[4])
+sae = lambda x: ((torch.nn.functional.linear(x, w)) ** 2).mean()
+w = torch.zeros(8, d_model, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1)
+seen = []
+code = code.replace('"3f9a2c1d"', repr(dataset)).replace(
+    '"unix:/run/shardcast/shardcastd.sock"', repr(address))
+code = code.replace("loss = sae(x);", "seen.append(x.shape[0]); loss = sae(x);")
+exec(code)
+print(sum(seen))
+"""
+
+
+def test_the_readmes_pytorch_loop_runs_against_the_daemon(start_daemon, datasets):
+    """README.md's "Python" loop, as written, trains over one exact epoch."""
+    import re
+    readme = (Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n## Python\n"):]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert "ShardcastDataset" in code and "DataLoader" in code
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    proc = subprocess.run([sys.executable, "-c", README_HARNESS, d.address, r.id, code,
+                           str(r.D)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=CHILD_ENV, timeout=120)
+    err = proc.stderr.decode(errors="replace")[-3000:]
+    assert proc.returncode == 0, err
+    # layer 12, content tokens: N examples x (T - 1) vectors, each once.
+    assert proc.stdout.decode().split() == [str(r.N * (r.T - 1))], err
