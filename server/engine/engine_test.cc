@@ -259,5 +259,40 @@ TEST_F(EngineTest, ResumeTokensAreSealedAndForgedOrForeignOnesRefused) {
   EXPECT_TRUE(engine_->OpenStream(o).ok());
 }
 
+TEST_F(EngineTest, EndlessStreamsWhoseEpochsDeliverNothingEnd) {
+  // Found by tests/fuzz/stream_request_fuzz: an ordered stream spun for
+  // ever in Next (a worker thread per request), a shuffled one re-read the
+  // selection for ever. Both orders, endless and very long epochs.
+  Start();
+  for (StreamOrder order : {StreamOrder::kOrdered, StreamOrder::kShuffled}) {
+    for (int64_t epochs : {int64_t{0}, int64_t{1} << 30}) {
+      // drop_last and a batch larger than the selection (23 x 5 vectors).
+      StreamOptions o = Options(order);
+      o.dataset = id_;
+      o.spec.epochs = epochs;
+      o.spec.drop_last = true;
+      o.spec.batch_size = 1000;
+      auto source = engine_->OpenStream(o);
+      ASSERT_TRUE(source.ok()) << source.status();
+      auto rows = Drain(**source);
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      EXPECT_TRUE(rows->empty());
+      source->reset();
+      // Every label excluded.
+      o = Options(order);
+      o.dataset = id_;
+      o.spec.epochs = epochs;
+      for (int l = 0; l < 256; ++l) {
+        o.spec.exclude_labels.push_back(static_cast<uint8_t>(l));
+      }
+      source = engine_->OpenStream(o);
+      ASSERT_TRUE(source.ok()) << source.status();
+      rows = Drain(**source);
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      EXPECT_TRUE(rows->empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardcast

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checked.h"
+#include "common/limits.h"
 #include "common/status.h"
 #include "server/engine/resume_token.h"
 #include "server/io/uring.h"
@@ -58,7 +59,9 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
           "resume_token was issued for a different stream request (dataset, "
           "selection, batch size or partition differ)");
     }
-    if (s->next_ < s->lo_ || s->next_ > s->hi_ || s->epoch_ < 0) {
+    if (s->next_ < s->lo_ || s->next_ > s->hi_ || s->epoch_ < 0 ||
+        s->epoch_ > limits::kMaxEpochs || s->batch_index_ < 0 ||
+        s->batch_index_ > s->hi_ - s->lo_) {
       return absl::InvalidArgumentError(
           "resume_token points outside this stream");
     }
@@ -173,7 +176,10 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
       out->resume_token = ResumeToken();
       return true;
     }
-    // The epoch is over (nothing left, or only a short batch to drop).
+    // The epoch is over (nothing left, or only a short batch to drop). One
+    // that delivered nothing (drop_last with fewer vectors than a batch,
+    // every label excluded) will deliver nothing ever again: end.
+    if (batch_index_ == 0) return false;
     ++epoch_;
     next_ = lo_;
     batch_index_ = 0;

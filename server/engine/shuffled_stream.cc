@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status.h"
 #include "common/synth.h"
 #include "server/engine/resume_token.h"
@@ -107,8 +108,10 @@ absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
         "selection, seed, batch size, partition, label filter or the "
         "daemon's --block-bytes differ)");
   }
-  if (epoch < 0 || batch_index < 0) {
-    return MalformedToken("negative epoch or batch");
+  // Bounded, so that counting on from them cannot overflow.
+  if (epoch < 0 || batch_index < 0 || epoch > limits::kMaxEpochs ||
+      batch_index > layout_.sel.num_vectors()) {
+    return MalformedToken("epoch or batch out of range");
   }
   if (blocks != layout_.num_blocks) {
     return MalformedToken(absl::StrCat(
@@ -323,6 +326,10 @@ absl::StatusOr<BatchSource::Fill> ShuffledStream::Assemble(
     }
     // The epoch is over: nothing left, or only a short batch to drop.
     in_batch_ = false;
+    // An epoch that delivered nothing (drop_last with fewer vectors than a
+    // batch, every label excluded) will deliver nothing ever again: end
+    // instead of re-reading the selection for ever.
+    if (batch_index_ == 0) return Fill::kEnd;
     StartEpoch(epoch_ + 1, 0);
   }
 }
