@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/ascii.h"
@@ -18,7 +19,7 @@ namespace {
 // {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
                                             absl::string_view key,
-                                            const std::string& path) {
+                                            absl::string_view path) {
   const std::string quoted = absl::StrCat("'", key, "'");
   size_t pos = header.find(quoted);
   if (pos == absl::string_view::npos) {
@@ -53,17 +54,15 @@ absl::StatusOr<absl::string_view> DictValue(absl::string_view header,
 
 }  // namespace
 
-absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
-  NpyFile npy;
-  npy.path = path;
-  ASSIGN_OR_RETURN(npy.fd, OpenRegularFile(path));
-  ASSIGN_OR_RETURN(uint64_t size, FileSize(npy.fd.get(), path));
-  unsigned char preamble[12];
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view head,
+                                         absl::string_view path) {
+  NpyHeader npy;
+  const uint64_t size = head.size();
+  const auto* preamble = reinterpret_cast<const unsigned char*>(head.data());
   if (size < 10) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a .npy file (", size, " bytes)"));
   }
-  RETURN_IF_ERROR(PreadFull(npy.fd.get(), preamble, 10, 0, path));
   if (std::memcmp(preamble, "\x93NUMPY", 6) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a .npy file (bad magic)"));
@@ -75,7 +74,10 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
     header_len = preamble[8] | (preamble[9] << 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
-    RETURN_IF_ERROR(PreadFull(npy.fd.get(), preamble, 12, 0, path));
+    if (size < 12) {
+      return absl::DataLossError(absl::StrCat(path, ": .npy file ends after ",
+                                              size, " bytes, in its preamble"));
+    }
     header_len = preamble[8] | (preamble[9] << 8) | (preamble[10] << 16) |
                  (static_cast<uint64_t>(preamble[11]) << 24);
     header_start = 12;
@@ -87,9 +89,7 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
     return absl::DataLossError(
         absl::StrCat(path, ": .npy header runs past the end of the file"));
   }
-  std::string header(header_len, '\0');
-  RETURN_IF_ERROR(
-      PreadFull(npy.fd.get(), header.data(), header_len, header_start, path));
+  const absl::string_view header = head.substr(header_start, header_len);
   ASSIGN_OR_RETURN(absl::string_view descr, DictValue(header, "descr", path));
   npy.descr = std::string(descr);
   ASSIGN_OR_RETURN(absl::string_view fortran,
@@ -101,6 +101,12 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
                      "np.ascontiguousarray"));
   }
   ASSIGN_OR_RETURN(absl::string_view shape, DictValue(header, "shape", path));
+  // A tuple, "(2, 3)" or "()"; anything else (an empty value, a number) has
+  // no parentheses to strip.
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": .npy shape '", shape, "' is not a tuple of dimensions"));
+  }
   shape.remove_prefix(1);
   shape.remove_suffix(1);
   uint64_t elements = 1;
@@ -132,7 +138,24 @@ absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": .npy shape (", shape, ") is too large"));
   }
-  if (npy.data_offset + npy.data_bytes > size) {
+  return npy;
+}
+
+absl::StatusOr<NpyFile> OpenNpy(const std::string& path) {
+  NpyFile npy;
+  npy.path = path;
+  ASSIGN_OR_RETURN(npy.fd, OpenRegularFile(path));
+  ASSIGN_OR_RETURN(uint64_t size, FileSize(npy.fd.get(), path));
+  // One read holds every header ParseNpyHeader accepts.
+  std::string head(std::min(size, kNpyMaxHeadBytes), '\0');
+  RETURN_IF_ERROR(PreadFull(npy.fd.get(), head.data(), head.size(), 0, path));
+  ASSIGN_OR_RETURN(NpyHeader header, ParseNpyHeader(head, path));
+  npy.descr = std::move(header.descr);
+  npy.shape = std::move(header.shape);
+  npy.data_offset = header.data_offset;
+  npy.data_bytes = header.data_bytes;
+  // data_offset <= size (the header is in the file); no sum to overflow.
+  if (npy.data_bytes > size - npy.data_offset) {
     return absl::DataLossError(absl::StrCat(path, ": header says ",
                                             npy.data_bytes,
                                             " bytes of data but the file "

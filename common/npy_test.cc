@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -300,6 +301,34 @@ TEST(OpenNpy, MissingFileIsNotFound) {
   TempRoot tmp;
   EXPECT_EQ(OpenNpy(tmp.File("nope.npy")).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Found by tests/fuzz/npy_fuzz: the CLI crashed on the first, accepted
+// the second as holding 2^64 - 2 bytes.
+TEST(OpenNpy, ShapeThatIsNotATupleIsRejected) {
+  TempRoot tmp;
+  const std::string path = tmp.File("a.npy");
+  for (const char* shape : {"", "3"}) {
+    WriteFile(path, Npy(absl::StrCat("{'descr': '<f4', 'fortran_order': "
+                                     "False, 'shape': ",
+                                     shape, ", }"),
+                        Floats(3)));
+    absl::StatusOr<NpyFile> npy = OpenNpy(path);
+    ASSERT_FALSE(npy.ok()) << shape;
+    EXPECT_EQ(npy.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(OpenNpy, DataSizeThatWrapsPastTheFileIsDataLoss) {
+  TempRoot tmp;
+  const std::string path = tmp.File("a.npy");
+  // (2^63 - 1) x 2 one-byte elements: data_offset + bytes wraps 64 bits.
+  WriteFile(path, Npy("{'descr': '|u1', 'fortran_order': False, 'shape': "
+                      "(9223372036854775807, 2), }",
+                      ""));
+  absl::StatusOr<NpyFile> npy = OpenNpy(path);
+  ASSERT_FALSE(npy.ok());
+  EXPECT_EQ(npy.status().code(), absl::StatusCode::kDataLoss) << npy.status();
 }
 
 }  // namespace
