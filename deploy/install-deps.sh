@@ -4,8 +4,9 @@
 set -euo pipefail
 
 packages=(
-  # toolchain (clang: the thread-safety analysis of tests/run.sh)
-  g++ clang cmake make pkg-config
+  # toolchain (clang: the thread-safety analysis of tests/run.sh; its
+  # libFuzzer runtime for tests/fuzz)
+  g++ clang libclang-rt-14-dev cmake make pkg-config
   # libraries
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev nlohmann-json3-dev libssl-dev liburing-dev libcpp-httplib-dev

@@ -6,13 +6,17 @@
 # build counts as one more test.
 #
 #   bash tests/run.sh                         # build/ and build-clang/
+#   bash tests/run.sh --ci                    # also: ASan+UBSan (every test),
+#                                             # TSan (unit + integration) and
+#                                             # each fuzzer for 30 s (CI does this)
 #   bash tests/run.sh --clang                 # only the clang check
 #   bash tests/run.sh --no-clang              # skip the clang check
 #   bash tests/run.sh --sanitize address,undefined   # in build-asan/
 #   bash tests/run.sh --sanitize thread              # in build-tsan/
+#   bash tests/run.sh --fuzz [SECONDS]               # only the fuzzers
 #
-# The last line is "N passed, N failed"; the exit status is non-zero on any
-# failure (build errors included).
+# The last line is "N passed, N failed" over every phase run; the exit
+# status is non-zero on any failure (build errors included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,13 +24,19 @@ sanitize=""
 build_dir=build
 clang=1   # the clang thread-safety build
 gcc=1     # the normal build and every test
+ci=0      # + sanitizers and fuzzers
+fuzz=0    # seconds per fuzzer; 0: no fuzzing
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --sanitize) sanitize="$2"; clang=0; shift 2 ;;
     --clang) gcc=0; shift ;;
     --no-clang) clang=0; shift ;;
     --no-deps) export SHARDCAST_SKIP_DEPS=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --ci) ci=1; fuzz=30; shift ;;
+    --fuzz)
+      gcc=0; clang=0; fuzz=30; shift
+      if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then fuzz="$1"; shift; fi ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "tests/run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -48,47 +58,81 @@ if [[ "${SHARDCAST_SKIP_DEPS:-0}" != 1 ]]; then
   bash deploy/install-deps.sh
 fi
 
-# The clang build: every target, warnings of the thread-safety analysis as
-# errors. Only its success counts; nothing of it is run.
-clang_check() {
-  echo "== clang -Wthread-safety -Werror build (build-clang/)"
-  cmake -S . -B build-clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
-    "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror" >/dev/null &&
-    cmake --build build-clang -j2
-}
-
 passed=0
 failed=0
 rc=0
-if [[ $gcc == 1 ]]; then
-  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DSHARDCAST_SANITIZE="$sanitize" >/dev/null
-  cmake --build "$build_dir" -j2
 
-  set +e
-  ctest --test-dir "$build_dir" --output-on-failure -j2 2>&1 | tee "$build_dir/ctest.log"
-  rc=${PIPESTATUS[0]}
-  set -e
-
-  summary=$(grep -E "tests passed, [0-9]+ tests? failed out of [0-9]+" "$build_dir/ctest.log" | tail -1 || true)
-  if [[ -z "$summary" ]]; then
-    echo "0 passed, 1 failed"
-    exit 1
+# Builds `dir` with sanitizer `san` (may be empty) and runs ctest there with
+# the extra arguments; adds its counts to passed/failed.
+ctest_phase() {
+  local dir="$1" san="$2"
+  shift 2
+  echo "== ${dir}: build${san:+ with -fsanitize=$san} and test $*"
+  if ! { cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DSHARDCAST_SANITIZE="$san" >/dev/null &&
+         cmake --build "$dir" -j2; }; then
+    echo "${dir}: BUILD FAILED"
+    failed=$((failed + 1)); rc=1
+    return
   fi
-  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$summary")
-  total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
-  passed=$((total - failed))
-  if [[ $total -eq 0 ]]; then rc=1; fi
-fi
-if [[ $clang == 1 ]]; then
-  if clang_check; then
+  set +e
+  ctest --test-dir "$dir" --output-on-failure -j2 "$@" 2>&1 | tee "$dir/ctest.log"
+  local code=${PIPESTATUS[0]}
+  set -e
+  local summary
+  summary=$(grep -E "tests passed, [0-9]+ tests? failed out of [0-9]+" "$dir/ctest.log" | tail -1 || true)
+  if [[ -z "$summary" ]]; then
+    failed=$((failed + 1)); rc=1
+    return
+  fi
+  local f t
+  f=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$summary")
+  t=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
+  passed=$((passed + t - f))
+  failed=$((failed + f))
+  if [[ $code -ne 0 || $t -eq 0 ]]; then rc=1; fi
+}
+
+# The clang build: every target, warnings of the thread-safety analysis as
+# errors. Only its success counts; nothing of it is run.
+clang_phase() {
+  echo "== clang -Wthread-safety -Werror build (build-clang/)"
+  if cmake -S . -B build-clang -DCMAKE_CXX_COMPILER=clang++ \
+       -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
+       "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror" >/dev/null &&
+     cmake --build build-clang -j2; then
     passed=$((passed + 1))
     echo "clang thread-safety build: passed"
   else
     failed=$((failed + 1))
     echo "clang thread-safety build: FAILED (see the errors above)"
   fi
+}
+
+# Every fuzzer for `fuzz` seconds on its corpus: one test each.
+fuzz_phase() {
+  mkdir -p build-fuzz
+  set +e
+  bash tests/fuzz/run.sh "$fuzz" 2>&1 | tee build-fuzz/run.log
+  local code=${PIPESTATUS[0]}
+  set -e
+  local ok bad
+  ok=$(grep -cE "^fuzz [a-z_]+: ok" build-fuzz/run.log || true)
+  bad=$(grep -cE "^fuzz [a-z_]+: (FAILED|CRASH|LEAK|TIMEOUT|OOM)" build-fuzz/run.log || true)
+  if [[ $code -ne 0 && $bad -eq 0 ]]; then bad=1; fi  # the build failed
+  passed=$((passed + ok))
+  failed=$((failed + bad))
+  if [[ $code -ne 0 ]]; then rc=1; fi
+}
+
+if [[ $gcc == 1 ]]; then ctest_phase "$build_dir" "$sanitize"; fi
+if [[ $clang == 1 ]]; then clang_phase; fi
+if [[ $ci == 1 ]]; then
+  # Every test under ASan+UBSan (the Python tests drive the sanitized
+  # daemon); the concurrent C++ tests under TSan.
+  ctest_phase build-asan address,undefined
+  ctest_phase build-tsan thread -L "unit|integration"
 fi
+if [[ $fuzz -gt 0 ]]; then fuzz_phase; fi
 echo "${passed} passed, ${failed} failed"
 if [[ $rc -ne 0 || $failed -ne 0 ]]; then exit 1; fi

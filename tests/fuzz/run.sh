@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, AddressSanitizer + UBSan, libFuzzer
+# from Debian's libclang-rt-14-dev) in build-fuzz/ and runs each for SECONDS
+# on a fresh copy of its seed corpus (tests/fuzz/corpus/<target>/, plus
+# stream seeds made again by make_stream_seeds so that their tokens match the
+# current formats), with its dictionary (tests/fuzz/<target>.dict).
+#
+#   bash tests/fuzz/run.sh [SECONDS]     # default 30 per target
+#   SHARDCAST_FUZZ_TARGETS="npy metadata" bash tests/fuzz/run.sh 60
+#   SHARDCAST_FUZZ_JOBS=1 ...            # build parallelism (default 2)
+#
+# Prints one line per target, "fuzz <target>: <result> (<runs> runs, <n>
+# exec/s)", the result "ok" or CRASH / LEAK / TIMEOUT / OOM / FAILED with
+# the input and the first line of the report. Exits non-zero when a
+# target crashed, leaked, ran out of memory or timed out (one input running
+# for more than 10 s: a hang); the input is kept in build-fuzz/crashes/ and
+# named in the output, the whole log in build-fuzz/fuzz-work/<target>.log.
+# Reproduce with: build-fuzz/<target>_fuzz build-fuzz/crashes/<file>
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+seconds=${1:-30}
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
+  echo "usage: tests/fuzz/run.sh [SECONDS]" >&2
+  exit 2
+fi
+read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy stream_request resume_token}"
+build="build-fuzz"
+work=$build/fuzz-work
+crashes=$build/crashes
+
+if ! command -v clang++ >/dev/null; then
+  echo "tests/fuzz/run.sh: clang++ is missing (bash deploy/install-deps.sh)" >&2
+  exit 1
+fi
+
+echo "== fuzz build ($build/: clang, address,undefined, libFuzzer)"
+start=$(date +%s)
+# -O1 -g without NDEBUG: asserts stay on; _GLIBCXX_ASSERTIONS checks
+# std::string/vector indexing; every UBSan finding aborts.
+cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
+  "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS" \
+  -DSHARDCAST_SANITIZE=address,undefined -DSHARDCAST_FUZZ=ON >/dev/null
+build_targets=(make_stream_seeds)
+for t in "${targets[@]}"; do build_targets+=("${t}_fuzz"); done
+cmake --build "$build" -j"${SHARDCAST_FUZZ_JOBS:-2}" --target "${build_targets[@]}"
+echo "fuzz build: $(($(date +%s) - start)) s"
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:symbolize=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+rm -rf "$work"
+mkdir -p "$work/corpus" "$work/tmp" "$crashes"
+# The stream targets' engine writes its datasets here (fuzz_engine.h).
+export TMPDIR="$PWD/$work/tmp"
+for t in "${targets[@]}"; do
+  cp -r "tests/fuzz/corpus/$t" "$work/corpus/$t"
+done
+"$build/make_stream_seeds" "$work/corpus" >/dev/null
+
+failed=0
+for t in "${targets[@]}"; do
+  log="$work/$t.log"
+  dict=()
+  if [[ -f "tests/fuzz/$t.dict" ]]; then dict=(-dict="tests/fuzz/$t.dict"); fi
+  set +e
+  "$build/${t}_fuzz" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" \
+    -artifact_prefix="$crashes/$t-" "$work/corpus/$t" >"$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log" | tail -1)
+  rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+).*/\1/p' "$log" | tail -1)
+  if [[ -z "$runs" ]]; then  # stopped early: the last status line says
+    runs=$(sed -nE 's/^#([0-9]+).*/\1/p' "$log" | tail -1)
+    rate=$(sed -nE 's/.*exec\/s: ([0-9]+).*/\1/p' "$log" | tail -1)
+  fi
+  # (A slow unit is reported, not a failure: -timeout decides.)
+  artifact=$(sed -nE 's/.*Test unit written to (.*)$/\1/p' "$log" |
+    grep -v -- "-slow-unit-" | tail -1 || true)
+  detail=""
+  if [[ $rc -eq 0 && -z "$artifact" ]]; then
+    result="ok"
+  else
+    failed=$((failed + 1))
+    case "$(basename "${artifact:-none}")" in
+      "$t-crash-"*) kind=CRASH ;;
+      "$t-leak-"*) kind=LEAK ;;
+      "$t-timeout-"*) kind=TIMEOUT ;;
+      "$t-oom-"*) kind=OOM ;;
+      *) kind="FAILED (exit $rc)" ;;
+    esac
+    why=$(grep -m1 -E 'FUZZ CHECK FAILED|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error|Assertion' "$log" || true)
+    result="$kind"
+    detail=" input ${artifact:-(none saved)}, log $log${why:+: ${why:0:240}}"
+  fi
+  # "fuzz <target>: ok|CRASH|LEAK|TIMEOUT|OOM|FAILED ..." (tests/run.sh
+  # counts these lines).
+  echo "fuzz $t: $result (${runs:-?} runs, ${rate:-?} exec/s)${detail}"
+done
+if [[ $failed -ne 0 ]]; then
+  echo "fuzz: $failed of ${#targets[@]} target(s) failed"
+  exit 1
+fi
+echo "fuzz: ${#targets[@]} target(s), ${seconds} s each, no failure"
