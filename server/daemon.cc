@@ -19,6 +19,7 @@
 #include "common/mutex.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
+#include "common/tsan.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/engine/engine.h"
@@ -391,6 +392,7 @@ void Daemon::Shutdown() {
   }
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
+  TsanAcquire(&d->metrics);  // every admin handler ran before (Wait)
   d->pool.reset();  // runs what is queued; their reactors are already done
   // /metrics reads the engine: stop the HTTP endpoint before the engine.
   if (d->http != nullptr) d->http->Stop();

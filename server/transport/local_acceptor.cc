@@ -107,25 +107,29 @@ absl::StatusOr<std::unique_ptr<LocalAcceptor>> LocalAcceptor::Create(
   }
   a->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!a->wake_.valid()) return ErrnoToStatus(errno, "eventfd");
-  a->busy_ =
-      StartRefuser(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                   absl::StrCat("shardcastd has ", a->options_.max_connections,
-                                " local connections open, its limit "
-                                "(--max-connections); try again later"),
-                   &RefuserServices());
-  a->denied_ = StartRefuser(
-      grpc::StatusCode::PERMISSION_DENIED,
-      "this user may not use shardcastd: its uid and group are not in "
-      "--allow-user / --allow-group",
-      &RefuserServices());
-  if (a->busy_ == nullptr || a->denied_ == nullptr) {
-    return absl::InternalError("cannot start gRPC's refusing servers");
-  }
   return a;
 }
 
 void LocalAcceptor::Serve(grpc::Server* server) {
   server_ = server;
+  // Built after the daemon's server, not in Create: gRPC starts its shared
+  // threads with the first server, and what ThreadSanitizer can see of the
+  // ordering (gRPC is not built with it) needs the services to exist first.
+  busy_ = StartRefuser(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("shardcastd has ", options_.max_connections,
+                                    " local connections open, its limit "
+                                    "(--max-connections); try again later"),
+                       &RefuserServices());
+  denied_ = StartRefuser(
+      grpc::StatusCode::PERMISSION_DENIED,
+      "this user may not use shardcastd: its uid and group are not in "
+      "--allow-user / --allow-group",
+      &RefuserServices());
+  if (busy_ == nullptr || denied_ == nullptr) {
+    LogError(
+        "local acceptor: cannot start the refusing gRPC servers; "
+        "refused connections are closed without an answer");
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -216,7 +220,7 @@ void LocalAcceptor::Admit(int fd) {
     } else {
       c.admitted = true;
     }
-    if (open >= 2 * int64_t{options_.max_connections}) {
+    if (to == nullptr || open >= 2 * int64_t{options_.max_connections}) {
       ::close(fd);  // far past the cap: not even an answer
       return;
     }

@@ -16,10 +16,10 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::Submit(std::function<void()> task) {
-  {
-    MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
-  }
+  MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
+  // Under the lock: once a worker has taken the task, nothing of this call
+  // touches the pool, which may then be destroyed.
   work_ready_.Signal();
 }
 
