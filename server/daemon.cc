@@ -118,10 +118,8 @@ absl::StatusOr<UniqueFd> LockSocketPath(const std::string& socket) {
   if (::ftruncate(fd.get(), 0) == 0) {
     RETURN_IF_ERROR(WriteFull(fd.get(), me.data(), me.size(), lock_path));
   }
-  // Whoever held the lock before is gone: its socket file is stale.
-  if (::unlink(socket.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", socket));
-  }
+  // Whoever held the lock before is gone: the local acceptor replaces its
+  // stale socket file (ListenUnix) while we hold the lock.
   return fd;
 }
 

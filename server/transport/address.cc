@@ -1,6 +1,17 @@
 #include "server/transport/address.h"
 
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace shardcast {
 
@@ -17,6 +28,44 @@ std::string HostOf(absl::string_view host_port) {
 bool IsLoopbackAddress(absl::string_view host_port) {
   const std::string host = HostOf(host_port);
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type,
+                                    mode_t mode, const std::string& group,
+                                    int backlog) {
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path ", path, " is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "socket for " + path);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, "remove stale socket " + path);
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoToStatus(errno, "bind " + path);
+  }
+  if (::chmod(path.c_str(), mode) != 0) {
+    return ErrnoToStatus(errno, "chmod " + path);
+  }
+  if (!group.empty()) {
+    struct group* g = ::getgrnam(group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket group ", group, " does not exist"));
+    }
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return ErrnoToStatus(errno, "chgrp " + path);
+    }
+  }
+  if (::listen(fd.get(), backlog) != 0) {
+    return ErrnoToStatus(errno, "listen " + path);
+  }
+  return fd;
 }
 
 }  // namespace shardcast

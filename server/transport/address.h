@@ -1,10 +1,14 @@
-// Listener addresses: "host:port" and "[v6]:port".
+// Listener addresses: "host:port" and "[v6]:port", and Unix sockets.
 #ifndef SHARDCAST_SERVER_TRANSPORT_ADDRESS_H_
 #define SHARDCAST_SERVER_TRANSPORT_ADDRESS_H_
 
+#include <sys/types.h>
+
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file.h"
 
 namespace shardcast {
 
@@ -14,6 +18,14 @@ std::string HostOf(absl::string_view host_port);
 /// True for addresses that only this machine can reach: 127.0.0.0/8,
 /// [::1], localhost.
 bool IsLoopbackAddress(absl::string_view host_port);
+
+/// A listening Unix socket at `path` of `type` (SOCK_STREAM, SOCK_SEQPACKET),
+/// close-on-exec and non-blocking. A stale socket file there is removed;
+/// `mode` and `group` (empty: the daemon's) are set before listen(), so
+/// nobody connects in between. Errors name the path and the step.
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type,
+                                    mode_t mode, const std::string& group,
+                                    int backlog);
 
 }  // namespace shardcast
 

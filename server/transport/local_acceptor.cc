@@ -1,12 +1,9 @@
 #include "server/transport/local_acceptor.h"
 
-#include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +17,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/server_posix.h"
+#include "server/transport/address.h"
 
 namespace shardcast {
 namespace {
@@ -70,41 +68,9 @@ LocalAcceptor::LocalAcceptor(LocalAcceptorOptions options)
 absl::StatusOr<std::unique_ptr<LocalAcceptor>> LocalAcceptor::Create(
     LocalAcceptorOptions options) {
   std::unique_ptr<LocalAcceptor> a(new LocalAcceptor(std::move(options)));
-  const std::string& path = a->options_.path;
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unix socket path ", path, " is longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  a->listener_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!a->listener_.valid()) return ErrnoToStatus(errno, "socket");
-  if (::bind(a->listener_.get(), reinterpret_cast<sockaddr*>(&addr),
-             sizeof(addr)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("bind ", path));
-  }
-  // Mode and group before listen(): nobody connects in between.
-  if (::chmod(path.c_str(), a->options_.mode) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
-  }
-  if (!a->options_.group.empty()) {
-    struct group* g = ::getgrnam(a->options_.group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("socket group ", a->options_.group, " does not exist"));
-    }
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("chgrp ", path));
-    }
-  }
-  if (::listen(a->listener_.get(), SOMAXCONN) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("listen ", path));
-  }
-  if (::fcntl(a->listener_.get(), F_SETFL, O_NONBLOCK) != 0) {
-    return ErrnoToStatus(errno, "fcntl O_NONBLOCK");
-  }
+  ASSIGN_OR_RETURN(a->listener_,
+                   ListenUnix(a->options_.path, SOCK_STREAM, a->options_.mode,
+                              a->options_.group, SOMAXCONN));
   a->wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!a->wake_.valid()) return ErrnoToStatus(errno, "eventfd");
   return a;

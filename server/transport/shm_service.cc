@@ -1,14 +1,12 @@
 #include "server/transport/shm_service.h"
 
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +17,7 @@
 #include "common/log.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
+#include "server/transport/address.h"
 
 namespace shardcast {
 namespace {
@@ -87,39 +86,9 @@ absl::StatusOr<std::unique_ptr<ShmService>> ShmService::Start(
     ShmServiceOptions options, Engine* engine) {
   std::unique_ptr<ShmService> s(new ShmService(std::move(options), engine));
   const std::string& path = s->options_.path;
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared-memory socket path ", path, " is longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd =
-      ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return ErrnoToStatus(errno, "socket for " + path);
-  s->listen_fd_.Reset(fd);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, "remove stale socket " + path);
-  }
-  if (::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) !=
-      0) {
-    return ErrnoToStatus(errno, "bind " + path);
-  }
-  if (::chmod(path.c_str(), s->options_.mode) != 0) {
-    return ErrnoToStatus(errno, "chmod " + path);
-  }
-  if (!s->options_.group.empty()) {
-    struct group* g = ::getgrnam(s->options_.group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("socket group ", s->options_.group, " does not exist"));
-    }
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return ErrnoToStatus(errno, "chgrp " + path);
-    }
-  }
-  if (::listen(fd, 64) != 0) return ErrnoToStatus(errno, "listen " + path);
+  ASSIGN_OR_RETURN(s->listen_fd_,
+                   ListenUnix(path, SOCK_SEQPACKET, s->options_.mode,
+                              s->options_.group, 64));
   const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return ErrnoToStatus(errno, "eventfd");
   s->stop_fd_.Reset(efd);
