@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
     // 503 while shutting down, and while the Unix socket cannot accept
     // (out of descriptors): an orchestrator should see the node is stuck.
     const bool up = serving->load();
-    const bool starved = local != nullptr && local->Figures().starved;
+    const bool starved = local != nullptr && local->Starved();
     res.status = up && !starved ? 200 : 503;
     res.set_content(!up       ? "shutting down\n"
                     : starved ? "not accepting local connections: accept() "

@@ -84,6 +84,8 @@ class LocalAcceptor {
   std::string Describe(const std::string& grpc_peer) const;
 
   LocalAcceptorFigures Figures() const;
+  /// Whether accept() is failing right now (cheap: for /healthz).
+  bool Starved() const { return starved_.load(std::memory_order_relaxed); }
 
   /// Whether --allow-user/--allow-group let `peer` in (always true without
   /// them; root and the daemon's own user always are).
