@@ -1,5 +1,6 @@
 #include "common/dataset.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/checked.h"
@@ -138,6 +140,26 @@ std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
     if (!st.ok()) problems.push_back(std::move(st));
   }
   return problems;
+}
+
+bool LooksLikeDatasetDir(const std::string& dir) {
+  struct stat st;
+  if (::stat(JoinPath(dir, kMetadataFile).c_str(), &st) == 0 ||
+      ::stat(JoinPath(dir, kShardsFile).c_str(), &st) == 0) {
+    return true;
+  }
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return true;  // unreadable: report it
+  bool found = false;
+  while (struct dirent* e = ::readdir(d)) {
+    if (absl::StartsWith(e->d_name, "acts") &&
+        absl::EndsWith(e->d_name, ".bin")) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
 }
 
 absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir) {

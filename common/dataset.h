@@ -51,6 +51,12 @@ std::vector<absl::Status> VerifyChecksums(
     const DatasetInfo& info,
     void (*progress)(uint64_t done, uint64_t total) = nullptr);
 
+/// False for a directory with none of the protocol's files (metadata.json,
+/// shards.json, acts*.bin): lost+found, a socket directory. One with some of
+/// them but broken is a dataset (to be reported with its error), and so is
+/// one that cannot be listed.
+bool LooksLikeDatasetDir(const std::string& dir);
+
 /// ReadDatasetInfo + CheckDataFiles; the first problem becomes the error.
 /// This is what readers and the daemon use before serving a dataset.
 absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir);

@@ -1,4 +1,7 @@
 // shardcastd: serves saev activation datasets to trainers and visualisers.
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +54,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   SetLogLevel(*ParseLogLevel(options->log_level));  // checked by the table
+  SetLogFormat(*ParseLogFormat(options->log_format));
 
   // Signals are taken synchronously by one thread (sigwait), so no handler
   // runs inside gRPC or the engine. Block them before any thread starts.
@@ -61,6 +65,19 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  if (options->exit_with_parent) {
+    // The kernel sends SIGTERM when the parent dies; it arrives through
+    // sigwait below like any SIGTERM, so the daemon drains and exits. The
+    // parent may have died before prctl took effect: check afterwards.
+    const pid_t parent = ::getppid();
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent ||
+        parent == 1) {
+      std::fprintf(stderr,
+                   "shardcastd: --exit-with-parent: the parent process is "
+                   "gone (or prctl failed); not starting\n");
+      return 1;
+    }
+  }
 
   LogInfo("shardcastd ", kShardcastVersion, " starting, pid ", ::getpid());
   auto daemon = Daemon::Start(*std::move(options));

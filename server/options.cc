@@ -87,6 +87,14 @@ const std::vector<DaemonOption>& Table() {
        &O::shutdown_grace_seconds, 0, kNoMax},
       {"log-level", "log_level", "LEVEL", "debug, info, warning or error",
        OptionKind::kLogLevel, &O::log_level},
+      {"log-format", "log_format", "FORMAT",
+       "text, or json: one JSON object per line (ts, level, msg, and "
+       "fields such as client, peer, dataset)",
+       OptionKind::kLogFormat, &O::log_format},
+      {"exit-with-parent", "exit_with_parent", nullptr,
+       "exit (draining as on SIGTERM) when the process that started the "
+       "daemon dies: a per-job daemon cannot outlive its job script",
+       OptionKind::kSwitch, &O::exit_with_parent},
       {"reservoir-bytes", "reservoir_bytes", "N",
        "memory for blocks of shuffled streams, e.g. 4G; each stream "
        "reserves (shuffle-window + lag-blocks) blocks of it",
@@ -147,6 +155,8 @@ std::string Expected(const DaemonOption& o) {
       return absl::StrCat("a number of seconds ", range);
     case OptionKind::kLogLevel:
       return "one of debug, info, warning, error";
+    case OptionKind::kLogFormat:
+      return "one of text, json";
   }
   return "?";
 }
@@ -169,6 +179,10 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
       return true;
     case OptionKind::kLogLevel:
       if (!ParseLogLevel(text).ok()) return false;
+      out->*std::get<std::string O::*>(o.target) = text;
+      return true;
+    case OptionKind::kLogFormat:
+      if (!ParseLogFormat(text).ok()) return false;
       out->*std::get<std::string O::*>(o.target) = text;
       return true;
     case OptionKind::kInteger: {
@@ -241,6 +255,7 @@ bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
     case OptionKind::kText:
     case OptionKind::kUnixSocket:
     case OptionKind::kLogLevel:
+    case OptionKind::kLogFormat:
       return v.is_string() && SetFromText(o, v.get<std::string>(), out);
     case OptionKind::kConfigFile:
       return false;
@@ -266,6 +281,7 @@ std::string DefaultText(const DaemonOption& o) {
   switch (o.kind) {
     case OptionKind::kText:
     case OptionKind::kLogLevel:
+    case OptionKind::kLogFormat:
       return defaults.*std::get<std::string O::*>(o.target);
     case OptionKind::kInteger:
       return absl::StrCat(defaults.*std::get<int64_t O::*>(o.target));

@@ -58,6 +58,10 @@ struct DaemonOptions {
   /// How long SIGTERM waits for calls in flight before cancelling them.
   double shutdown_grace_seconds = 10;
   std::string log_level = "info";
+  std::string log_format = "text";  // "json": one JSON object per line
+  /// Exit (as on SIGTERM) when the process that started the daemon dies:
+  /// a per-job daemon cannot outlive its job script (Slurm, CI).
+  bool exit_with_parent = false;
 
   // The streaming engine (shared scans for shuffled streams).
   /// Memory for blocks read by the scans; every shuffled stream reserves
@@ -88,6 +92,7 @@ enum class OptionKind {
   kBytes,       // a byte count (flag: 512M, 2G, ...) within [min, max]
   kSeconds,     // a number of seconds >= min
   kLogLevel,    // debug, info, warning or error
+  kLogFormat,   // text or json
   kConfigFile,  // --config FILE: flag only, read before the other flags
 };
 

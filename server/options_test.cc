@@ -59,6 +59,8 @@ Sample SampleOf(const DaemonOption& o) {
       return {"2.5", "2.5"};
     case OptionKind::kLogLevel:
       return {"warning", "\"warning\""};
+    case OptionKind::kLogFormat:
+      return {"json", "\"json\""};
     case OptionKind::kConfigFile:
       break;
   }

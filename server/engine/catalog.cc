@@ -14,32 +14,6 @@
 #include "common/status.h"
 
 namespace shardcast {
-namespace {
-
-// A directory with none of the protocol's files (lost+found, a socket
-// directory) is not a dataset; one with some of them but broken is, and is
-// listed with its error.
-bool LooksLikeDataset(const std::string& dir) {
-  struct stat st;
-  if (::stat(JoinPath(dir, kMetadataFile).c_str(), &st) == 0 ||
-      ::stat(JoinPath(dir, kShardsFile).c_str(), &st) == 0) {
-    return true;
-  }
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return true;  // unreadable: report it
-  bool found = false;
-  while (struct dirent* e = ::readdir(d)) {
-    if (absl::StartsWith(e->d_name, "acts") &&
-        absl::EndsWith(e->d_name, ".bin")) {
-      found = true;
-      break;
-    }
-  }
-  ::closedir(d);
-  return found;
-}
-
-}  // namespace
 
 std::pair<int64_t, int64_t> Catalog::Rescan() {
   std::shared_ptr<const Snapshot> previous;
@@ -91,7 +65,7 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
       const std::string dir = JoinPath(root, name);
       struct stat st;
       if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-      if (!LooksLikeDataset(dir)) {
+      if (!LooksLikeDatasetDir(dir)) {
         LogDebug("skipping ", dir,
                  ": no metadata.json, shards.json or acts*.bin");
         continue;

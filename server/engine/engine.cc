@@ -97,9 +97,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   const std::string id = reader->info().dir_name;
   std::unique_ptr<BatchSource> source;
   if (o.order == StreamOrder::kShuffled) {
-    ASSIGN_OR_RETURN(source,
-                     ShuffledStream::Create(scans_.get(), std::move(reader), id,
-                                            o.spec, o.seed, token, o.peer));
+    ASSIGN_OR_RETURN(source, ShuffledStream::Create(
+                                 scans_.get(), std::move(reader), id, o.spec,
+                                 o.seed, token, o.peer, o.client));
   } else {
     ASSIGN_OR_RETURN(source,
                      OrderedStream::Create(std::move(reader), id, o.spec, token,

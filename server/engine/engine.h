@@ -53,7 +53,8 @@ struct StreamOptions {
   StreamOrder order = StreamOrder::kShuffled;
   uint64_t seed = 0;  // shuffled streams only
   std::string resume_token;
-  std::string peer;  // names the client in status pages and logs
+  std::string peer;    // names the client in status pages and logs
+  std::string client;  // the transport's id of this stream ("s7"), likewise
   /// The largest batch (vector bytes) the transport can carry; 0 = no limit.
   uint64_t max_batch_bytes = 0;
 };

@@ -14,6 +14,7 @@ namespace shardcast {
 struct SubscriberStatus {
   uint64_t id = 0;  // unique within its scan
   std::string peer;
+  std::string client;  // the transport's id of the stream ("s7")
   int64_t rank = 0, world_size = 1;
   int64_t epoch = 0;   // epoch being delivered
   int64_t queued = 0;  // lag: blocks delivered, not yet taken

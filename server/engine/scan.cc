@@ -213,11 +213,15 @@ void SharedScan::Unsubscribe(uint64_t id) {
     MutexLock lock(&mu_);
     auto it = subs_.find(id);
     if (it == subs_.end()) return;
-    LogInfo("scan of ", dataset_, ": client ", it->second.spec.peer,
-            " left (epoch ", it->second.deliver_epoch, ", ",
-            it->second.delivered, " blocks delivered, ", it->second.skipped,
-            " deferred by the lag bound); scan has read ", blocks_read_,
-            " blocks, ", bytes_read_, " bytes");
+    Log(LogLevel::kInfo,
+        absl::StrCat("scan of ", dataset_, ": client left (epoch ",
+                     it->second.deliver_epoch, ", ", it->second.delivered,
+                     " blocks delivered, ", it->second.skipped,
+                     " deferred by the lag bound); scan has read ",
+                     blocks_read_, " blocks, ", bytes_read_, " bytes"),
+        {{"client", it->second.spec.client},
+         {"peer", it->second.spec.peer},
+         {"dataset", dataset_}});
     DropNeeds(it->second);
     it->second.queue.clear();
     Settle(it->second);
@@ -490,6 +494,7 @@ ScanStatus SharedScan::Status() const {
     SubscriberStatus ss;
     ss.id = id;
     ss.peer = s.spec.peer;
+    ss.client = s.spec.client;
     ss.rank = s.spec.rank;
     ss.world_size = s.spec.world_size;
     ss.epoch = s.deliver_epoch;

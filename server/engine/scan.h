@@ -116,7 +116,8 @@ struct ScanOptions {
 
 /// What a subscriber asks of its scan.
 struct SubscriberSpec {
-  std::string peer;  // for status and logs
+  std::string peer;    // for status and logs
+  std::string client;  // the transport's id of the stream ("s7")
   int64_t rank = 0, world_size = 1;
   int64_t epoch = 0;   // first epoch fed
   int64_t epochs = 0;  // 0 = endless

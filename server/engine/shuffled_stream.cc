@@ -32,7 +32,7 @@ absl::StatusOr<IndexSet> GetSet(TokenReader& token, int64_t n,
 absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
     ScanRegistry* registry, std::shared_ptr<const DatasetReader> reader,
     std::string dataset_id, StreamSpec spec, uint64_t seed,
-    const std::string& resume_token, std::string peer) {
+    const std::string& resume_token, std::string peer, std::string client) {
   RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &spec));
   std::unique_ptr<ShuffledStream> s(new ShuffledStream());
   ASSIGN_OR_RETURN(s->layout_, registry->Layout(reader->desc(), spec));
@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
 
   SubscriberSpec sub;
   sub.peer = std::move(peer);
+  sub.client = std::move(client);
   sub.rank = spec.rank;
   sub.world_size = spec.world_size;
   sub.epochs = spec.epochs;

@@ -37,12 +37,13 @@ class ShuffledStream final : public BatchSource {
   /// Validates the spec (INVALID_ARGUMENT naming the field) and the resume
   /// token (INVALID_ARGUMENT when malformed or issued for another request),
   /// then subscribes to the selection's shared scan (RESOURCE_EXHAUSTED when
-  /// the reservoir cannot take another stream). `peer` names the client in
-  /// status pages.
+  /// the reservoir cannot take another stream). `peer` and `client` (the
+  /// transport's id of the stream) name the client in status and logs.
   static absl::StatusOr<std::unique_ptr<ShuffledStream>> Create(
       ScanRegistry* registry, std::shared_ptr<const DatasetReader> reader,
       std::string dataset_id, StreamSpec spec, uint64_t seed,
-      const std::string& resume_token, std::string peer = "");
+      const std::string& resume_token, std::string peer = "",
+      std::string client = "");
   /// Unsubscribes: the scan lets go of this client's blocks at once.
   ~ShuffledStream() override;
 

@@ -81,6 +81,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_datasets_ok(e.datasets_ok);
   response->set_datasets_failed(e.datasets_failed);
   response->set_bytes_read_from_disk(e.bytes_read);
+  response->set_device_read_bytes(DeviceReadBytes());
   response->set_reservoir_bytes(e.reservoir_bytes);
   response->set_reservoir_bytes_in_use(e.reservoir_bytes_in_use);
   response->set_reservoir_bytes_reserved(e.reservoir_bytes_reserved);
@@ -116,6 +117,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
     for (const SubscriberStatus& c : s.subscribers) {
       v1::ScanClient* client = out->add_clients();
       client->set_peer(ValidUtf8(c.peer));
+      client->set_client(c.client);
       client->set_rank(c.rank);
       client->set_world_size(c.world_size);
       client->set_epoch(c.epoch);
@@ -125,6 +127,20 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
       client->set_blocks_skipped(c.blocks_skipped);
       client->set_bytes_delivered(c.bytes_delivered);
     }
+  }
+  const absl::Time now = absl::Now();
+  for (const StreamFigures& f : m.streams.Snapshot()) {
+    v1::ClientStream* out = response->add_streams();
+    out->set_client(f.info.client);
+    out->set_peer(ValidUtf8(f.info.peer));
+    out->set_dataset(ValidUtf8(f.info.dataset));
+    out->set_order(f.info.order);
+    out->set_transport(f.info.transport);
+    out->set_rank(f.info.rank);
+    out->set_world_size(f.info.world_size);
+    out->set_seconds(absl::ToDoubleSeconds(now - f.info.started));
+    out->set_batches(f.batches);
+    out->set_bytes(f.bytes);
   }
   return Done(ctx, absl::OkStatus());
 }

@@ -1,12 +1,16 @@
 #include "server/transport/metrics.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
 
 namespace shardcast {
 
@@ -33,30 +37,75 @@ std::string LabelValue(const std::string& v) {
   return out;
 }
 
+// {client="s7",peer="...",dataset="...",transport="shm"}
+std::string Labels(const StreamFigures& c) {
+  return absl::StrCat("{client=\"", LabelValue(c.info.client), "\",peer=\"",
+                      LabelValue(c.info.peer), "\",dataset=\"",
+                      LabelValue(c.info.dataset), "\",transport=\"",
+                      c.info.transport, "\"}");
+}
+
+// Entries of /proc/self/fd, less the one reading it.
+int64_t OpenFds() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  int64_t n = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n > 0 ? n - 1 : 0;
+}
+
+double CpuSeconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
 }  // namespace
 
 std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
                                     const ShmFigures& shm,
                                     const LocalAcceptorFigures& local) const {
+  // Names follow Prometheus' conventions: base units (bytes, seconds) as a
+  // suffix, `_total` on counters, the standard process_* names.
   std::string out;
   auto metric = [&out](const char* name, const char* type, const char* help,
                        auto value) {
     absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
                     type, "\n", name, " ", value, "\n");
   };
+  auto family = [&out](const char* name, const char* type, const char* help) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n");
+  };
   metric("shardcast_up", "gauge", "1 while serving, 0 while shutting down.",
          serving ? 1 : 0);
+  family("shardcast_build_info", "gauge", "The daemon's version (value 1).");
+  absl::StrAppend(&out, "shardcast_build_info{version=\"",
+                  LabelValue(kShardcastVersion), "\"} 1\n");
   metric("shardcast_uptime_seconds", "gauge",
          "Seconds since the daemon started.",
          absl::ToDoubleSeconds(absl::Now() - start_time));
-  metric("shardcast_clients", "gauge", "Calls in flight (connected clients).",
+  metric("process_start_time_seconds", "gauge",
+         "Start time of the process since the Unix epoch in seconds.",
+         absl::ToDoubleSeconds(start_time - absl::UnixEpoch()));
+  metric("process_resident_memory_bytes", "gauge",
+         "Resident memory size in bytes.", ResidentBytes());
+  metric("process_open_fds", "gauge", "Number of open file descriptors.",
+         OpenFds());
+  metric("process_cpu_seconds_total", "counter",
+         "Total user and system CPU time spent in seconds.", CpuSeconds());
+  metric("shardcast_calls_in_flight", "gauge", "Calls being served.",
          calls_in_flight.load());
   metric("shardcast_calls_total", "counter", "Calls received.",
          calls_total.load());
-  absl::StrAppend(
-      &out,
-      "# HELP shardcast_call_results_total Finished calls by gRPC "
-      "status code.\n# TYPE shardcast_call_results_total counter\n");
+  family("shardcast_call_results_total", "counter",
+         "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {
     const uint64_t n = calls_by_code[i].load();
     if (n == 0 && i != 0) continue;
@@ -64,63 +113,80 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
                     absl::StatusCodeToString(static_cast<absl::StatusCode>(i)),
                     "\"} ", n, "\n");
   }
-  metric("shardcast_streams", "gauge", "Streams being served.",
+  metric("shardcast_sent_bytes_total", "counter",
+         "Payload bytes sent to clients (queries and streams).",
+         bytes_served.load());
+  metric("shardcast_streams_active", "gauge", "Streams being served.",
          streams_active.load());
-  metric("shardcast_batches_sent_total", "counter", "Stream batches sent.",
+  metric("shardcast_stream_batches_total", "counter", "Stream batches sent.",
          batches_sent.load());
-  metric("shardcast_bytes_served_total", "counter",
-         "Payload bytes sent to clients.", bytes_served.load());
-  metric("shardcast_disk_read_bytes_total", "counter",
-         "Bytes read from shard files (queries, ordered and shared scans).",
+  metric("shardcast_stream_delivered_bytes_total", "counter",
+         "Vector bytes delivered in stream batches (the useful payload).",
+         bytes_delivered.load());
+  const std::vector<StreamFigures> clients = streams.Snapshot();
+  family("shardcast_client_sent_bytes_total", "counter",
+         "Vector bytes sent to one open stream (client = its id in logs and "
+         "status).");
+  for (const StreamFigures& c : clients) {
+    absl::StrAppend(&out, "shardcast_client_sent_bytes_total", Labels(c), " ",
+                    c.bytes, "\n");
+  }
+  family("shardcast_client_batches_total", "counter",
+         "Batches sent to one open stream.");
+  for (const StreamFigures& c : clients) {
+    absl::StrAppend(&out, "shardcast_client_batches_total", Labels(c), " ",
+                    c.batches, "\n");
+  }
+  metric("shardcast_read_requested_bytes_total", "counter",
+         "Bytes the daemon read from shard files (queries, ordered streams, "
+         "shared scans): what it asked the kernel for.",
          engine.bytes_read);
-  metric("shardcast_stream_bytes_delivered_total", "counter",
-         "Vector bytes delivered in stream batches.", bytes_delivered.load());
+  metric("shardcast_device_read_bytes_total", "counter",
+         "Bytes the storage devices read for the daemon (/proc/self/io "
+         "read_bytes, read-ahead included; block devices only).",
+         DeviceReadBytes());
   metric("shardcast_scan_blocks_read_total", "counter",
          "Blocks read by the shared scans.", engine.blocks_read);
-  metric("shardcast_reservoir_bytes", "gauge",
-         "Size of the block reservoir (--reservoir-bytes).",
+  metric("shardcast_reservoir_capacity_bytes", "gauge",
+         "Size of the block reservoir (--reservoir-bytes, whole blocks).",
          engine.reservoir_bytes);
-  metric("shardcast_reservoir_bytes_in_use", "gauge",
+  metric("shardcast_reservoir_used_bytes", "gauge",
          "Reservoir bytes holding blocks.", engine.reservoir_bytes_in_use);
-  metric("shardcast_reservoir_bytes_reserved", "gauge",
-         "Reservoir bytes reserved by shuffled streams.",
+  metric("shardcast_reservoir_reserved_bytes", "gauge",
+         "Reservoir bytes reserved by shuffled streams and shared-memory "
+         "regions.",
          engine.reservoir_bytes_reserved);
-  metric("shardcast_scans", "gauge", "Active shared scans.",
+  metric("shardcast_scans_active", "gauge", "Active shared scans.",
          engine.scans.size());
-  absl::StrAppend(&out,
-                  "# HELP shardcast_scan_clients Streams fed by a shared "
-                  "scan.\n# TYPE shardcast_scan_clients gauge\n");
+  family("shardcast_scan_subscribers", "gauge",
+         "Streams fed by a shared scan.");
   for (const ScanStatus& s : engine.scans) {
-    absl::StrAppend(&out, "shardcast_scan_clients{dataset=\"",
+    absl::StrAppend(&out, "shardcast_scan_subscribers{dataset=\"",
                     LabelValue(s.dataset), "\",selection=\"",
                     LabelValue(s.selection), "\"} ", s.subscribers.size(),
                     "\n");
   }
-  absl::StrAppend(&out,
-                  "# HELP shardcast_scan_read_bytes_total Bytes read from disk "
-                  "by a shared scan.\n# TYPE shardcast_scan_read_bytes_total "
-                  "counter\n");
+  family("shardcast_scan_read_bytes_total", "counter",
+         "Bytes read from shard files by a shared scan.");
   for (const ScanStatus& s : engine.scans) {
     absl::StrAppend(&out, "shardcast_scan_read_bytes_total{dataset=\"",
                     LabelValue(s.dataset), "\",selection=\"",
                     LabelValue(s.selection), "\"} ", s.bytes_read, "\n");
   }
-  absl::StrAppend(&out,
-                  "# HELP shardcast_stream_lag_blocks Blocks a scan delivered "
-                  "to a stream that it has not taken yet.\n# TYPE "
-                  "shardcast_stream_lag_blocks gauge\n");
+  family("shardcast_stream_lag_blocks", "gauge",
+         "Blocks a scan delivered to a stream that it has not taken yet.");
   for (const ScanStatus& s : engine.scans) {
     for (const SubscriberStatus& c : s.subscribers) {
       absl::StrAppend(&out, "shardcast_stream_lag_blocks{dataset=\"",
                       LabelValue(s.dataset), "\",selection=\"",
-                      LabelValue(s.selection), "\",client=\"", c.id,
-                      "\",peer=\"", LabelValue(c.peer), "\",rank=\"", c.rank,
-                      "\"} ", c.queued, "\n");
+                      LabelValue(s.selection), "\",client=\"",
+                      LabelValue(c.client), "\",peer=\"", LabelValue(c.peer),
+                      "\",rank=\"", c.rank, "\"} ", c.queued, "\n");
     }
   }
   metric("shardcast_shm_regions", "gauge",
          "Shared-memory regions of local clients mapped.", shm.regions);
-  metric("shardcast_shm_bytes", "gauge",
+  metric("shardcast_shm_mapped_bytes", "gauge",
          "Bytes of those regions (leased from the reservoir).", shm.bytes);
   metric("shardcast_shm_streams", "gauge",
          "Streams writing batches into shared memory.", shm.attached);
@@ -137,18 +203,12 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          local.accept_failures);
   std::map<std::pair<int64_t, int64_t>, int64_t> by_user;  // (uid, pid)
   for (const LocalPeer& p : local.peers) ++by_user[{p.uid, p.pid}];
-  if (!by_user.empty()) {
-    absl::StrAppend(&out,
-                    "# HELP shardcast_local_client_connections Connections "
-                    "on the Unix socket by process.\n"
-                    "# TYPE shardcast_local_client_connections gauge\n");
-    for (const auto& [who, n] : by_user) {
-      absl::StrAppend(&out, "shardcast_local_client_connections{uid=\"",
-                      who.first, "\",pid=\"", who.second, "\"} ", n, "\n");
-    }
+  family("shardcast_local_client_connections", "gauge",
+         "Connections on the Unix socket by process.");
+  for (const auto& [who, n] : by_user) {
+    absl::StrAppend(&out, "shardcast_local_client_connections{uid=\"",
+                    who.first, "\",pid=\"", who.second, "\"} ", n, "\n");
   }
-  metric("shardcast_memory_rss_bytes", "gauge",
-         "Resident memory of the daemon.", ResidentBytes());
   metric("shardcast_datasets", "gauge", "Datasets being served.",
          engine.datasets_ok);
   metric("shardcast_datasets_rejected", "gauge",
@@ -165,6 +225,19 @@ uint64_t ResidentBytes() {
   if (n != 2) return 0;
   return static_cast<uint64_t>(resident) *
          static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+uint64_t DeviceReadBytes() {
+  FILE* f = std::fopen("/proc/self/io", "r");
+  if (f == nullptr) return 0;
+  char key[64];
+  unsigned long long value = 0;
+  uint64_t read_bytes = 0;
+  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
+    if (std::strcmp(key, "read_bytes") == 0) read_bytes = value;
+  }
+  std::fclose(f);
+  return read_bytes;
 }
 
 }  // namespace shardcast

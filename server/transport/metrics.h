@@ -1,6 +1,6 @@
-// The transport's counters (calls, bytes served), exported with the
-// engine's figures by Admin.GetStatus and the HTTP /metrics endpoint.
-// Lock-free; every member is an atomic.
+// The transport's counters (calls, bytes served) and its book of open
+// streams, exported with the engine's figures by Admin.GetStatus and the
+// HTTP /metrics endpoint. The counters are atomics; the book has its lock.
 #ifndef SHARDCAST_SERVER_TRANSPORT_METRICS_H_
 #define SHARDCAST_SERVER_TRANSPORT_METRICS_H_
 
@@ -15,6 +15,7 @@
 #include "server/engine/engine_status.h"
 #include "server/transport/local_acceptor.h"
 #include "server/transport/shm_service.h"
+#include "server/transport/stream_book.h"
 
 namespace shardcast {
 
@@ -27,6 +28,8 @@ struct Metrics {
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).
   std::atomic<uint64_t> bytes_delivered{0};
+  /// The streams being served, per client.
+  StreamBook streams;
   /// Finished calls by final status code (index = absl::StatusCode).
   std::array<std::atomic<uint64_t>, 17> calls_by_code{};
 
@@ -45,6 +48,13 @@ struct Metrics {
 
 /// Resident set size of this process, from /proc/self/statm (0 if unknown).
 uint64_t ResidentBytes();
+
+/// Bytes the storage layer fetched for this process (/proc/self/io
+/// read_bytes: block-device reads, page-cache read-ahead included; 0 if
+/// unknown). Unlike the bytes the daemon asks for, this is what the disk
+/// really did. Network filesystems whose reads bypass the block layer (NFS,
+/// Lustre clients) do not count here.
+uint64_t DeviceReadBytes();
 
 }  // namespace shardcast
 

@@ -20,12 +20,15 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
  public:
   QueryReactor(const TransportContext& context,
                grpc::GenericCallbackServerContext* ctx)
-      : context_(context), method_(ctx->method()) {
+      : context_(context),
+        method_(ctx->method()),
+        peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
+                                       : ctx->peer()) {
     context_.metrics->calls_total++;
     context_.metrics->calls_in_flight++;
-    LogDebug("call ", method_, " from ",
-             context.local != nullptr ? context.local->Describe(ctx->peer())
-                                      : ctx->peer());
+    if (LogEnabled(LogLevel::kDebug)) {
+      Log(LogLevel::kDebug, absl::StrCat("call ", method_), {{"peer", peer_}});
+    }
     StartRead(&request_);  // queued until the reactor is returned to gRPC
     TsanRelease(this);     // hand-off to gRPC (see common/tsan.h)
   }
@@ -105,13 +108,16 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
 
   void FinishWith(const absl::Status& status) {
     context_.metrics->CallDone(status.code());
-    LogInfo("call ", method_, " failed: ", status.ToString());
+    Log(LogLevel::kInfo,
+        absl::StrCat("call ", method_, " failed: ", status.ToString()),
+        {{"peer", peer_}});
     TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
     Finish(ToGrpcStatus(status));
   }
 
   const TransportContext context_;
   const std::string method_;
+  const std::string peer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
 };

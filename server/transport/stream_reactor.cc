@@ -75,6 +75,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
                                        : ctx->peer()),
         local_(context.local != nullptr &&
                context.local->PeerOf(ctx->peer()).has_value()),
+        client_(context.metrics->streams.NextClientId()),
         shared_(shared) {
     Metrics* m = context_.metrics;
     m->calls_total++;
@@ -143,11 +144,15 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   void OnDone() override {
     TsanAcquire(this);
     outlet_.reset();  // the region is free for another stream
+    book_entry_.reset();
     Metrics* m = context_.metrics;
     m->calls_in_flight--;
     m->streams_active--;
-    LogInfo("stream from ", peer_, " ended: ", batches_, " batches, ", bytes_,
-            " bytes, ", final_status_);
+    Log(LogLevel::kInfo,
+        absl::StrCat("stream ended: ", batches_, " batches, ", payload_bytes_,
+                     " vector bytes (", bytes_, " in messages), ",
+                     final_status_),
+        {{"client", client_}, {"peer", peer_}});
     delete this;
   }
 
@@ -223,6 +228,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     } else if (options.ok()) {
       outlet_ = std::make_unique<MessageOutlet>(context_.buffers);
     }
+    if (options.ok()) options->client = client_;
     absl::StatusOr<std::unique_ptr<BatchSource>> source =
         options.ok() ? context_.engine->OpenStream(*options) : options.status();
     if (!source.ok()) {
@@ -232,11 +238,23 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     source_ = std::move(*source);
     const BatchShape& shape = source_->shape();
     const StreamSpec& spec = options->spec;
-    LogInfo("stream client connected from ", peer_, ": dataset ",
-            Quoted(req.dataset()),
+    StreamInfo info;
+    info.client = client_;
+    info.peer = peer_;
+    info.dataset = Quoted(req.dataset());
+    info.order =
+        options->order == StreamOrder::kShuffled ? "shuffled" : "ordered";
+    info.transport = slots_ != nullptr ? "shm" : "grpc";
+    info.rank = spec.rank;
+    info.world_size = spec.world_size;
+    info.started = absl::Now();
+    book_entry_ = context_.metrics->streams.Add(info);
+    Log(LogLevel::kInfo,
+        absl::StrCat(
+            "stream opened: ",
             options->order == StreamOrder::kShuffled
-                ? absl::StrCat(", shuffled (seed ", options->seed, ")")
-                : ", ordered",
+                ? absl::StrCat("shuffled (seed ", options->seed, ")")
+                : "ordered",
             ", batch ", spec.batch_size, ", rank ", spec.rank, "/",
             spec.world_size, ", ",
             shape.vectors_per_epoch < 0
@@ -246,7 +264,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
             slots_ != nullptr
                 ? absl::StrCat(", shared memory (", slots_->region().slots(),
                                " slots, pid ", slots_->region().pid(), ")")
-                : "");
+                : ", gRPC messages"),
+        {{"client", client_}, {"peer", peer_}, {"dataset", info.dataset}});
     if (shared_) {
       // From now on the client's messages return slots.
       TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
@@ -341,6 +360,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     grpc::ByteBuffer reply = outlet_->Reply(batch_, shape.d_model, payload);
     ++batches_;
     bytes_ += reply.Length();
+    payload_bytes_ += payload;
+    book_entry_->CountBatch(payload);
     Metrics* m = context_.metrics;
     m->batches_sent++;
     m->bytes_served += reply.Length();
@@ -406,7 +427,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
-  const bool local_;  // on the Unix socket
+  const bool local_;          // on the Unix socket
+  const std::string client_;  // this stream's id in logs, status, metrics
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;  // the batch being written
   const bool shared_;
@@ -414,6 +436,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   std::unique_ptr<BatchSource> source_;  // set once Open succeeded
   std::unique_ptr<BatchOutlet> outlet_;  // likewise
   SlotOutlet* slots_ = nullptr;          // outlet_ of a SharedStream
+  std::unique_ptr<StreamBook::Entry> book_entry_;  // set once Open succeeded
   StreamBatch batch_;
   Mutex mu_;
   Producer producer_ ABSL_GUARDED_BY(mu_) = Producer::kRunning;
@@ -429,7 +452,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       absl::StatusCode::kOk;
   std::string client_error_ ABSL_GUARDED_BY(mu_);
   int64_t batches_ = 0;
-  uint64_t bytes_ = 0;
+  uint64_t bytes_ = 0;          // gRPC message bytes
+  uint64_t payload_bytes_ = 0;  // vector bytes (in messages or slots)
   std::string final_status_;
 };
 

@@ -715,7 +715,7 @@ def test_health_status_and_http(stubs, channel, query, admin, datasets, daemon):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    for metric in ("shardcast_calls_total", "shardcast_bytes_served_total"):
+    for metric in ("shardcast_calls_total", "shardcast_sent_bytes_total"):
         lines = [l for l in text.splitlines() if re.match(rf"{metric}(\{{[^}}]*\}})? ", l)]
         assert lines, f"/metrics has no {metric} sample:\n{text[:3000]}"
         assert any(float(l.rsplit(" ", 1)[1]) > 0 for l in lines), lines

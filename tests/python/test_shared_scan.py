@@ -14,6 +14,7 @@ shuffled partitions give vector g to rank g mod world_size.
 """
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -260,12 +261,20 @@ def test_status_and_metrics_show_the_scan_and_its_clients(stubs, channel, ds, da
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
-    assert samples["shardcast_scans"] == 1, text
-    key = f'shardcast_scan_clients{{dataset="{ds.id}",selection="{scan.selection}"}}'
+    assert samples["shardcast_scans_active"] == 1, text
+    key = f'shardcast_scan_subscribers{{dataset="{ds.id}",selection="{scan.selection}"}}'
     assert samples.get(key) == 1, text
-    assert samples["shardcast_reservoir_bytes_in_use"] > 0
+    assert samples["shardcast_reservoir_used_bytes"] > 0
     assert samples["shardcast_scan_blocks_read_total"] > 0
-    assert any(n.startswith("shardcast_stream_lag_blocks{") for n in samples), text
+    # The stream's id names it in the lag gauge and in its own counters.
+    [client] = [c.client for c in scan.clients]
+    assert re.fullmatch(r"s[0-9]+", client), scan
+    assert any(n.startswith("shardcast_stream_lag_blocks{") and f'client="{client}"' in n
+               for n in samples), text
+    sent = [v for n, v in samples.items()
+            if n.startswith("shardcast_client_sent_bytes_total{")
+            and f'client="{client}"' in n and 'transport="grpc"' in n]
+    assert sent and sent[0] > 0, text
     call.cancel()
     wait_no_scans(stubs, channel)
 
