@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <type_traits>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "common/file.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
 #include "shardcast/v1/shardcast.grpc.pb.h"
@@ -88,6 +90,7 @@ DatasetDescription FromProto(const v1::DatasetInfo& d) {
 
 DaemonStatus::Scan::Client FromProto(const v1::ScanClient& c) {
   DaemonStatus::Scan::Client out;
+  out.client = c.client();
   out.peer = c.peer();
   out.rank = c.rank();
   out.world_size = c.world_size();
@@ -124,6 +127,7 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   out.calls_failed = s.calls_failed();
   out.bytes_served = s.bytes_served();
   out.bytes_read_from_disk = s.bytes_read_from_disk();
+  out.device_read_bytes = s.device_read_bytes();
   out.memory_rss_bytes = s.memory_rss_bytes();
   out.datasets_ok = s.datasets_ok();
   out.datasets_failed = s.datasets_failed();
@@ -138,6 +142,20 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   out.shm_regions = s.shm_regions();
   out.shm_bytes = s.shm_bytes();
   out.shm_streams = s.shm_streams();
+  for (const v1::ClientStream& c : s.streams()) {
+    DaemonStatus::Stream st;
+    st.client = c.client();
+    st.peer = c.peer();
+    st.dataset = c.dataset();
+    st.order = c.order();
+    st.transport = c.transport();
+    st.rank = c.rank();
+    st.world_size = c.world_size();
+    st.seconds = c.seconds();
+    st.batches = c.batches();
+    st.bytes = c.bytes();
+    out.streams.push_back(std::move(st));
+  }
   return out;
 }
 
@@ -507,8 +525,21 @@ std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
       nullptr);
 }
 
+std::string Client::DefaultAddress() {
+  const char* v = std::getenv(kAddressVariable);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const std::string& address, const ClientOptions& options) {
+    const std::string& given_address, const ClientOptions& options) {
+  const std::string address =
+      given_address.empty() ? DefaultAddress() : given_address;
+  if (address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no daemon address: give one (unix:/path/to.sock or host:port) or "
+        "set ",
+        kAddressVariable));
+  }
   std::shared_ptr<grpc::ChannelCredentials> creds;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -570,6 +601,54 @@ absl::StatusOr<DaemonStatus> Client::GetStatus() {
   v1::ServerStatus resp;
   RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->GetStatus(&ctx, req, &resp)));
   return FromProto(resp);
+}
+
+absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
+  // grpc.health.v1 through a generic call: the request for the whole server
+  // is field 1 (service) = "", written out (gRPC's own health service
+  // refuses a message of no bytes); the reply is field 1, a varint.
+  grpc::GenericStub stub(impl_->channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(timeout_seconds * 1e6)));
+  static constexpr char kRequest[] = {0x0A, 0x00};
+  grpc::Slice request_bytes(kRequest, sizeof(kRequest));
+  grpc::ByteBuffer request(&request_bytes, 1), reply;
+  grpc::Status status;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  call->Finish(&reply, &status, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(status));
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (reply.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  if (bytes.empty()) return Health::kUnknown;  // status 0 is not encoded
+  if (bytes.size() != 2 || bytes[0] != 0x08 || (bytes[1] & 0x80) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("grpc.health.v1 reply of ", bytes.size(),
+                     " bytes is not a HealthCheckResponse"));
+  }
+  switch (bytes[1]) {
+    case 1:
+      return Health::kServing;
+    case 2:
+      return Health::kNotServing;
+    default:
+      return Health::kUnknown;
+  }
 }
 
 absl::StatusOr<VectorBlock> Client::GetVectors(

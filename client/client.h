@@ -87,6 +87,7 @@ struct DaemonStatus {
   struct Scan {
     /// One stream fed by the scan (shardcast.v1.ScanClient).
     struct Client {
+      std::string client;  // the stream's id (Stream::client)
       std::string peer;
       int64_t rank = 0;
       int64_t world_size = 0;
@@ -111,8 +112,9 @@ struct DaemonStatus {
   int64_t connected_clients = 0;  // calls in flight
   uint64_t calls_total = 0;
   uint64_t calls_failed = 0;
-  uint64_t bytes_served = 0;  // payload bytes sent to clients
-  uint64_t bytes_read_from_disk = 0;
+  uint64_t bytes_served = 0;          // payload bytes sent to clients
+  uint64_t bytes_read_from_disk = 0;  // what the daemon asked the kernel for
+  uint64_t device_read_bytes = 0;     // what the disks read (/proc/self/io)
   uint64_t memory_rss_bytes = 0;
   int64_t datasets_ok = 0;
   int64_t datasets_failed = 0;
@@ -125,6 +127,20 @@ struct DaemonStatus {
   int64_t shm_regions = 0;  // shared-memory regions mapped for local clients
   uint64_t shm_bytes = 0;   // their size (leased from the reservoir)
   int64_t shm_streams = 0;  // streams writing batches into one
+  /// One stream being served (shardcast.v1.ClientStream).
+  struct Stream {
+    std::string client;  // id in the daemon's logs and /metrics ("s7")
+    std::string peer;
+    std::string dataset;
+    std::string order;      // "shuffled" or "ordered"
+    std::string transport;  // "shm" or "grpc"
+    int64_t rank = 0;
+    int64_t world_size = 1;
+    double seconds = 0;  // since it opened
+    uint64_t batches = 0;
+    uint64_t bytes = 0;  // vector bytes sent
+  };
+  std::vector<Stream> streams;
 };
 
 /// What to stream (Stream.Stream); mirrors shardcast.v1.StreamRequest. The
@@ -248,9 +264,17 @@ class BatchStream {
 /// Client must outlive the streams it opened.
 class Client {
  public:
-  /// Connects to `address`: "unix:/path/to.sock" or "host:port". Returns
-  /// UNAVAILABLE naming the address when it cannot connect within
-  /// options.connect_timeout_seconds; the error reading a TLS file
+  /// The environment variable naming the daemon on this node
+  /// ("unix:/run/shardcast/shardcastd.sock"); the CLI, this library and the
+  /// Python package read it when no address is given.
+  static constexpr char kAddressVariable[] = "SHARDCAST_ADDRESS";
+  /// $SHARDCAST_ADDRESS, or "" when unset.
+  static std::string DefaultAddress();
+
+  /// Connects to `address`: "unix:/path/to.sock" or "host:port"; an empty
+  /// address means DefaultAddress() (INVALID_ARGUMENT when that is unset
+  /// too). Returns UNAVAILABLE naming the address when it cannot connect
+  /// within options.connect_timeout_seconds; the error reading a TLS file
   /// otherwise.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, const ClientOptions& options = {});
@@ -267,6 +291,13 @@ class Client {
       const std::string& dataset);
   /// The daemon's counters and its active shared scans.
   absl::StatusOr<DaemonStatus> GetStatus();
+  /// grpc.health.v1 serving states.
+  enum class Health { kUnknown = 0, kServing = 1, kNotServing = 2 };
+  /// Asks the standard grpc.health.v1.Health/Check ("" = the whole server)
+  /// within `timeout_seconds`. NOT_SERVING while the daemon drains for
+  /// shutdown. The call's error (UNAVAILABLE, DEADLINE_EXCEEDED) otherwise;
+  /// DATA_LOSS for a reply that is not a HealthCheckResponse.
+  absl::StatusOr<Health> CheckHealth(double timeout_seconds = 5);
   /// The vectors at `coords`, [N, D] in the order of `coords`. DATA_LOSS
   /// when the reply's shape does not match its payload; the daemon's
   /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or

@@ -737,7 +737,7 @@ Command BenchCommand() {
   options.push_back({"json", nullptr, "print machine-readable JSON"});
   return {
       "bench",
-      "--server A bench ID --clients N [stream options] [--dir DATASET_DIR] "
+      "[--server A] bench ID --clients N [stream options] [--dir DATASET_DIR] "
       "[--cold] [--daemon-pid PID] [--partitioned] [--json]",
       "N concurrent streaming clients, daemon disk reads, fio on the same "
       "files",

@@ -46,6 +46,10 @@ std::vector<OptionSpec> StreamRequestOptions();
 /// daemon's counters and fio on the same files (bench_command.cc).
 Command BenchCommand();
 
+/// `doctor`: checks a node before a job (doctor_command.cc). Works with or
+/// without --server.
+Command DoctorCommand();
+
 /// Prints vectors as `get` does: rows < 0 means one vector of d floats;
 /// otherwise a [rows, d] matrix. JSON arrays with --json, raw little-endian
 /// float32 with `raw`, else space-separated text. Returns the exit code.

@@ -591,6 +591,7 @@ std::vector<Command> LocalCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
+      DoctorCommand(),
   };
 }
 

@@ -3,12 +3,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -371,6 +374,39 @@ int RunStream(const Args& args) {
   return kExitOk;
 }
 
+int RunHealth(const Args& args) {
+  const char* cmd = "health";
+  double timeout = 5;
+  if (args.Has("timeout") &&
+      (!absl::SimpleAtod(args.Get("timeout"), &timeout) || !(timeout > 0) ||
+       timeout > 3600)) {
+    std::fprintf(stderr,
+                 "shardcast health: --timeout must be seconds in (0, 3600], "
+                 "got \"%s\"\n",
+                 args.Get("timeout").c_str());
+    return kExitUsage;
+  }
+  ClientOptions options = g_options;
+  options.connect_timeout_seconds =
+      std::max(1, static_cast<int>(std::ceil(timeout)));
+  auto client = Client::Connect(g_address, options);
+  if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
+  auto health = (*client)->CheckHealth(timeout);
+  if (!health.ok()) return Fail(cmd, std::string(health.status().message()));
+  const char* name = *health == Client::Health::kServing      ? "SERVING"
+                     : *health == Client::Health::kNotServing ? "NOT_SERVING"
+                                                              : "UNKNOWN";
+  if (args.Has("json")) {
+    OrderedJson j;
+    j["address"] = g_address;
+    j["status"] = name;
+    std::printf("%s\n", JsonText(j, 2).c_str());
+  } else {
+    std::printf("%s: %s\n", g_address.c_str(), name);
+  }
+  return *health == Client::Health::kServing ? kExitOk : kExitFailure;
+}
+
 int RunStatus(const Args& args) {
   const char* cmd = "status";
   auto client = Connect();
@@ -385,6 +421,7 @@ int RunStatus(const Args& args) {
   j["calls_failed"] = s->calls_failed;
   j["bytes_served"] = s->bytes_served;
   j["bytes_read_from_disk"] = s->bytes_read_from_disk;
+  j["device_read_bytes"] = s->device_read_bytes;
   j["memory_rss_bytes"] = s->memory_rss_bytes;
   j["datasets_ok"] = s->datasets_ok;
   j["datasets_failed"] = s->datasets_failed;
@@ -409,6 +446,7 @@ int RunStatus(const Args& args) {
     OrderedJson clients = OrderedJson::array();
     for (const DaemonStatus::Scan::Client& c : scan.clients) {
       OrderedJson cj;
+      cj["client"] = c.client;
       cj["peer"] = c.peer;
       cj["rank"] = c.rank;
       cj["world_size"] = c.world_size;
@@ -423,8 +461,24 @@ int RunStatus(const Args& args) {
     sj["clients"] = clients;
     scans.push_back(sj);
   }
+  OrderedJson streams = OrderedJson::array();
+  for (const DaemonStatus::Stream& c : s->streams) {
+    OrderedJson cj;
+    cj["client"] = c.client;
+    cj["peer"] = c.peer;
+    cj["dataset"] = c.dataset;
+    cj["order"] = c.order;
+    cj["transport"] = c.transport;
+    cj["rank"] = c.rank;
+    cj["world_size"] = c.world_size;
+    cj["seconds"] = c.seconds;
+    cj["batches"] = c.batches;
+    cj["bytes"] = c.bytes;
+    streams.push_back(cj);
+  }
   if (args.Has("json")) {
     j["scans"] = scans;
+    j["streams"] = streams;
     std::printf("%s\n", JsonText(j, 2).c_str());
     return kExitOk;
   }
@@ -441,8 +495,9 @@ int RunStatus(const Args& args) {
         sj["blocks"].get<long long>(), sj["blocks_read"].get<long long>());
     for (const OrderedJson& cj : sj["clients"]) {
       std::printf(
-          "  client %s rank %lld/%lld: epoch %lld, lag %lld blocks, "
+          "  client %s (%s) rank %lld/%lld: epoch %lld, lag %lld blocks, "
           "%lld still needed, %lld delivered, %lld deferred\n",
+          cj["client"].get<std::string>().c_str(),
           cj["peer"].get<std::string>().c_str(), cj["rank"].get<long long>(),
           cj["world_size"].get<long long>(), cj["epoch"].get<long long>(),
           cj["lag_blocks"].get<long long>(),
@@ -450,6 +505,22 @@ int RunStatus(const Args& args) {
           cj["blocks_delivered"].get<long long>(),
           cj["blocks_skipped"].get<long long>());
     }
+  }
+  for (const OrderedJson& cj : streams) {
+    const double seconds = cj["seconds"].get<double>();
+    const double bytes = static_cast<double>(cj["bytes"].get<uint64_t>());
+    std::printf(
+        "stream %s (%s): %s %s over %s, rank %lld/%lld, %llu batches, "
+        "%.1f MiB in %.1f s (%.1f MiB/s)\n",
+        cj["client"].get<std::string>().c_str(),
+        cj["peer"].get<std::string>().c_str(),
+        cj["order"].get<std::string>().c_str(),
+        cj["dataset"].get<std::string>().substr(0, 12).c_str(),
+        cj["transport"].get<std::string>().c_str(), cj["rank"].get<long long>(),
+        cj["world_size"].get<long long>(),
+        static_cast<unsigned long long>(cj["batches"].get<uint64_t>()),
+        bytes / (1 << 20), seconds,
+        seconds > 0 ? bytes / (1 << 20) / seconds : 0.0);
   }
   return kExitOk;
 }
@@ -500,7 +571,7 @@ std::vector<Command> RemoteCommands() {
   stream_options.push_back(json);
   return {
       {"ls",
-       "--server A ls [--json]",
+       "[--server A] ls [--json]",
        "list the daemon's datasets (rejected ones too)",
        "Lists every dataset directory the daemon found, with its shape, or the "
        "error that kept it from being served.",
@@ -527,7 +598,7 @@ std::vector<Command> RemoteCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
-      {"stream", "--server A stream ID [options] [--check] [--json]",
+      {"stream", "[--server A] stream ID [options] [--check] [--json]",
        "stream batches (ordered or shuffled) and print throughput",
        "Opens a Stream and reads every batch, printing batches, vectors, "
        "seconds and bytes/s. Shuffled streams are reproducible from --seed "
@@ -552,8 +623,20 @@ std::vector<Command> RemoteCommands() {
        "mismatched_vectors}.",
        stream_options, RunStream},
       BenchCommand(),
+      DoctorCommand(),
+      {"health",
+       "[--server A] health [--timeout S] [--json]",
+       "ask the daemon's grpc.health.v1 service; exit 0 only when SERVING",
+       "Calls grpc.health.v1.Health/Check for the whole server. Exit status "
+       "0 when it answers SERVING; 1 when it answers NOT_SERVING (draining "
+       "for shutdown) or cannot be reached within --timeout (default 5 s). "
+       "Suited to Kubernetes exec probes and job scripts waiting for a "
+       "daemon.",
+       {{"timeout", "S", "seconds to wait for the connection and the answer"},
+        json},
+       RunHealth},
       {"status",
-       "--server A status [--json]",
+       "[--server A] status [--json]",
        "the daemon's uptime, clients, calls, bytes, memory, shared scans",
        "Prints the daemon's counters (Admin.GetStatus): calls, bytes served "
        "and read, memory, the reservoir, and each shared scan with its "

@@ -15,7 +15,9 @@ namespace shardcast {
 namespace {
 
 const std::vector<OptionSpec> kGlobalOptions = {
-    {"server", "ADDRESS", "talk to shardcastd at unix:/path or host:port"},
+    {"server", "ADDRESS",
+     "talk to shardcastd at unix:/path or host:port (daemon-only commands "
+     "default to $SHARDCAST_ADDRESS)"},
     {"tls-ca", "FILE", "PEM roots to verify a TCP server (enables TLS)"},
     {"tls-cert", "FILE", "client certificate (mutual TLS)"},
     {"tls-key", "FILE", "client private key (mutual TLS)"},
@@ -35,7 +37,10 @@ void PrintTopHelp(const std::vector<Command>& local,
       "[--json]\n\n"
       "Local commands:\n");
   for (const Command& c : local) std::printf("  %-8s %s\n", c.name, c.summary);
-  std::printf("\nDaemon commands (with --server):\n");
+  std::printf(
+      "\nDaemon commands (with --server ADDRESS, or $SHARDCAST_ADDRESS for "
+      "those\nthat have no local meaning; info and get read local files "
+      "unless --server\nis given):\n");
   for (const Command& c : remote) std::printf("  %-8s %s\n", c.name, c.summary);
   std::printf("\nGlobal %s", FormatOptions(kGlobalOptions).c_str());
   std::printf(
@@ -74,7 +79,22 @@ int Main(int argc, char** argv) {
     PrintTopHelp(local, remote);
     return i >= argc ? kExitUsage : kExitOk;
   }
-  const bool with_server = globals->Has("server");
+  const std::string name = argv[i];
+  bool with_server = globals->Has("server");
+  std::string address = globals->Get("server");
+  // A daemon-only command (ls, stream, status, ...) without --server goes
+  // to $SHARDCAST_ADDRESS: what a job script or a pod sets for its trainers.
+  const auto named = [&name](const std::vector<Command>& list) {
+    for (const Command& c : list) {
+      if (name == c.name) return true;
+    }
+    return false;
+  };
+  if (!with_server && !named(local) && named(remote) &&
+      !Client::DefaultAddress().empty()) {
+    with_server = true;
+    address = Client::DefaultAddress();
+  }
   if (with_server) {
     ClientOptions options;
     options.tls_ca_file = globals->Get("tls-ca");
@@ -82,10 +102,9 @@ int Main(int argc, char** argv) {
     options.tls_key_file = globals->Get("tls-key");
     options.tls_server_name = globals->Get("tls-server-name");
     options.shared_memory = !globals->Has("no-shared-memory");
-    SetRemoteTarget(globals->Get("server"), options);
+    SetRemoteTarget(address, options);
   }
   const std::vector<Command>& commands = with_server ? remote : local;
-  const std::string name = argv[i];
   for (const Command& c : commands) {
     if (name != c.name) continue;
     std::vector<std::string> rest(argv + i + 1, argv + argc);
@@ -109,7 +128,8 @@ int Main(int argc, char** argv) {
     if (name == c.name) {
       std::fprintf(stderr, "shardcast: '%s' %s\n", name.c_str(),
                    with_server ? "works on local files; drop --server"
-                               : "talks to a daemon; add --server ADDRESS");
+                               : "talks to a daemon; add --server ADDRESS or "
+                                 "set SHARDCAST_ADDRESS");
       return kExitUsage;
     }
   }
