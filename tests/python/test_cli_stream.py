@@ -548,6 +548,10 @@ def test_bench_two_clients_share_one_disk_pass(cli, served):
     assert report["disk_read_ratio"] == pytest.approx(
         report["daemon_disk_read_bytes"] / report["selected_bytes_per_epoch"])
     assert report["disk_read_ratio"] <= 1.5, report
+    # What the devices read (the daemon's /proc/self/io; 0 when cached).
+    assert report["daemon_device_read_bytes"] >= 0
+    assert report["device_read_ratio"] == pytest.approx(
+        report["daemon_device_read_bytes"] / report["selected_bytes_per_epoch"])
     assert report["reservoir_bytes"] == 64 << 20
     assert report["daemon_rss_bytes"] > 0
     assert report["fio"] is None and report["ratio_vs_fio"] is None
