@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/version.h"
 
 namespace shardcast {
@@ -77,7 +79,13 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   auto metric = [&out](const char* name, const char* type, const char* help,
                        auto value) {
     absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n", name, " ", value, "\n");
+                    type, "\n", name, " ");
+    if constexpr (std::is_floating_point_v<decltype(value)>) {
+      // StrCat keeps 6 digits: a start time would be off by minutes.
+      absl::StrAppend(&out, absl::StrFormat("%.17g", value), "\n");
+    } else {
+      absl::StrAppend(&out, value, "\n");
+    }
   };
   auto family = [&out](const char* name, const char* type, const char* help) {
     absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
