@@ -90,9 +90,14 @@ int Main(int argc, char** argv) {
     }
     return false;
   };
+  bool wants_help = false;
+  for (int k = i + 1; k < argc; ++k) {
+    wants_help |= std::strcmp(argv[k], "--help") == 0 ||
+                  std::strcmp(argv[k], "-h") == 0;
+  }
   if (!with_server && !named(local) && named(remote) &&
-      !Client::DefaultAddress().empty()) {
-    with_server = true;
+      (!Client::DefaultAddress().empty() || wants_help)) {
+    with_server = true;  // --help needs no address
     address = Client::DefaultAddress();
   }
   if (with_server) {
