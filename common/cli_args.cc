@@ -35,7 +35,7 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
     }
     if (spec == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown option --", name, " (see --help)"));
+          absl::StrCat("unknown option --", name));
     }
     if (spec->value_name == nullptr) {
       if (has_inline_value) {

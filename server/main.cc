@@ -70,8 +70,7 @@ int Main(int argc, char** argv) {
     // sigwait below like any SIGTERM, so the daemon drains and exits. The
     // parent may have died before prctl took effect: check afterwards.
     const pid_t parent = ::getppid();
-    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent ||
-        parent == 1) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) {
       std::fprintf(stderr,
                    "shardcastd: --exit-with-parent: the parent process is "
                    "gone (or prctl failed); not starting\n");
