@@ -16,6 +16,9 @@ packages=(
   python3-torch
   # benchmarks and tests: sha256sum (coreutils), fio, vmtouch
   coreutils openssl fio vmtouch
+  # tests of deploy/: shellcheck, systemd-analyze (systemd), strace (the
+  # unit's system-call filter), PyYAML (the Kubernetes manifests)
+  shellcheck systemd strace python3-yaml
 )
 
 if [[ $(id -u) -ne 0 ]]; then
