@@ -107,6 +107,7 @@ DaemonStatus::Scan FromProto(const v1::ScanStatus& s) {
   DaemonStatus::Scan out;
   out.dataset = s.dataset();
   out.selection = s.selection();
+  out.io = s.io();
   out.blocks = s.blocks();
   out.cycle = s.cycle();
   out.position = s.position();

@@ -100,6 +100,7 @@ struct DaemonStatus {
     };
     std::string dataset;
     std::string selection;  // e.g. "layer 12, content tokens"
+    std::string io;  // "direct", "buffered" or "buffered-random"
     int64_t blocks = 0;     // blocks in the selection
     int64_t cycle = 0;      // permutation cycle the scan is in
     int64_t position = 0;   // position in the cycle

@@ -113,11 +113,15 @@ const std::vector<DaemonOption>& Table() {
        OptionKind::kInteger, &O::queue_depth, 1, 4096},
       {"read-bytes", "read_bytes", "N", "largest single disk read",
        OptionKind::kBytes, &O::read_bytes, 1, kNoMax},
-      {"direct-io", "direct_io", nullptr,
-       "read shards with O_DIRECT into registered buffers (bypasses the page "
-       "cache; used when vectors are 4 KiB-aligned; registering pins and "
-       "touches the whole reservoir at start)",
-       OptionKind::kSwitch, &O::direct_io},
+      {"read-mode", "read_mode", "MODE",
+       "how shared scans read shards: auto (O_DIRECT for data not in the "
+       "page cache, when vectors are 4 KiB multiples; else buffered), "
+       "direct, or buffered",
+       OptionKind::kReadMode, &O::read_mode},
+      {"register-buffers", "register_buffers", nullptr,
+       "register the reservoir with io_uring as fixed buffers (pins and "
+       "touches all of it at start; needs RLIMIT_MEMLOCK)",
+       OptionKind::kSwitch, &O::register_buffers},
       {"prefault", "prefault", nullptr,
        "touch the whole reservoir at start (no first-touch cost later)",
        OptionKind::kSwitch, &O::prefault},
@@ -157,6 +161,8 @@ std::string Expected(const DaemonOption& o) {
       return "one of debug, info, warning, error";
     case OptionKind::kLogFormat:
       return "one of text, json";
+    case OptionKind::kReadMode:
+      return "one of auto, direct, buffered";
   }
   return "?";
 }
@@ -183,6 +189,10 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
       return true;
     case OptionKind::kLogFormat:
       if (!ParseLogFormat(text).ok()) return false;
+      out->*std::get<std::string O::*>(o.target) = text;
+      return true;
+    case OptionKind::kReadMode:
+      if (!ParseScanReadMode(text).ok()) return false;
       out->*std::get<std::string O::*>(o.target) = text;
       return true;
     case OptionKind::kInteger: {
@@ -256,6 +266,7 @@ bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
     case OptionKind::kUnixSocket:
     case OptionKind::kLogLevel:
     case OptionKind::kLogFormat:
+    case OptionKind::kReadMode:
       return v.is_string() && SetFromText(o, v.get<std::string>(), out);
     case OptionKind::kConfigFile:
       return false;
@@ -282,6 +293,7 @@ std::string DefaultText(const DaemonOption& o) {
     case OptionKind::kText:
     case OptionKind::kLogLevel:
     case OptionKind::kLogFormat:
+    case OptionKind::kReadMode:
       return defaults.*std::get<std::string O::*>(o.target);
     case OptionKind::kInteger:
       return absl::StrCat(defaults.*std::get<int64_t O::*>(o.target));
@@ -308,7 +320,8 @@ EngineOptions DaemonOptions::Engine() const {
   e.reads.read_bytes = read_bytes;
   e.scans.window_blocks = shuffle_window;
   e.scans.lag_blocks = lag_blocks;
-  e.scans.direct_io = direct_io;
+  e.scans.read_mode = *ParseScanReadMode(read_mode);  // checked by the table
+  e.scans.register_buffers = register_buffers;
   e.scans.start_delay = std::chrono::milliseconds(scan_start_delay_ms);
   return e;
 }

@@ -72,8 +72,10 @@ struct DaemonOptions {
   int64_t lag_blocks = 32;         // blocks a stream may fall behind its scan
   int64_t queue_depth = 32;        // io_uring reads in flight
   uint64_t read_bytes = 1u << 20;  // largest single read
-  bool direct_io = false;          // O_DIRECT + registered buffers
-  bool prefault = false;           // touch the reservoir at start
+  /// auto (O_DIRECT for data not in the page cache), direct, buffered.
+  std::string read_mode = "auto";
+  bool register_buffers = false;  // io_uring fixed buffers (pins memory)
+  bool prefault = false;          // touch the reservoir at start
   /// A new shared scan waits this long for more clients before reading.
   int64_t scan_start_delay_ms = 100;
 
@@ -93,6 +95,7 @@ enum class OptionKind {
   kSeconds,     // a number of seconds >= min
   kLogLevel,    // debug, info, warning or error
   kLogFormat,   // text or json
+  kReadMode,    // auto, direct or buffered
   kConfigFile,  // --config FILE: flag only, read before the other flags
 };
 

@@ -61,6 +61,8 @@ Sample SampleOf(const DaemonOption& o) {
       return {"warning", "\"warning\""};
     case OptionKind::kLogFormat:
       return {"json", "\"json\""};
+    case OptionKind::kReadMode:
+      return {"buffered", "\"buffered\""};
     case OptionKind::kConfigFile:
       break;
   }
@@ -114,14 +116,16 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
   auto o = ParseDaemonOptions(
       {"--root", "/a", "--root", "/b", "--listen", "unix:/run/s.sock",
        "--queue-depth", "7", "--reservoir-bytes", "2G", "--grace-seconds",
-       "0.5", "--direct-io", "--scan-start-delay-ms", "0"});
+       "0.5", "--read-mode", "direct", "--register-buffers",
+       "--scan-start-delay-ms", "0"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->roots, (std::vector<std::string>{"/a", "/b"}));
   EXPECT_EQ(o->unix_socket, "/run/s.sock");
   EXPECT_EQ(o->queue_depth, 7);
   EXPECT_EQ(o->reservoir_bytes, 2ull << 30);
   EXPECT_EQ(o->shutdown_grace_seconds, 0.5);
-  EXPECT_TRUE(o->direct_io);
+  EXPECT_EQ(o->read_mode, "direct");
+  EXPECT_TRUE(o->register_buffers);
   EXPECT_FALSE(o->prefault);
   EXPECT_EQ(o->scan_start_delay_ms, 0);
   const EngineOptions e = o->Engine();
@@ -129,7 +133,8 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
   EXPECT_EQ(e.reads.queue_depth, 7u);
   EXPECT_EQ(e.reservoir.bytes, 2ull << 30);
   EXPECT_EQ(e.reservoir.slot_bytes, 4ull << 20);
-  EXPECT_TRUE(e.scans.direct_io);
+  EXPECT_EQ(e.scans.read_mode, ScanReadMode::kDirect);
+  EXPECT_TRUE(e.scans.register_buffers);
   EXPECT_EQ(e.scans.start_delay.count(), 0);
   EXPECT_EQ(e.limits.max_vectors_per_call, 1 << 16);  // the default
 }
@@ -197,7 +202,8 @@ TEST_F(OptionsTest, MalformedValuesAndUnknownNamesAreInvalidArguments) {
       "{\"roots\": [1]}",
       "{\"queue_depth\": \"7\"}",
       "{\"queue_depth\": 7.5}",
-      "{\"direct_io\": 1}",
+      "{\"register_buffers\": 1}",
+      "{\"read_mode\": \"fast\"}",
       "{\"log_level\": 3}",
       "{\"shutdown_grace_seconds\": -1}",
       "{\"read_bytes\": \"lots\"}",

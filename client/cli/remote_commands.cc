@@ -438,6 +438,7 @@ int RunStatus(const Args& args) {
     OrderedJson sj;
     sj["dataset"] = scan.dataset;
     sj["selection"] = scan.selection;
+    sj["io"] = scan.io;
     sj["blocks"] = scan.blocks;
     sj["cycle"] = scan.cycle;
     sj["position"] = scan.position;
@@ -487,12 +488,13 @@ int RunStatus(const Args& args) {
   }
   for (const OrderedJson& sj : scans) {
     std::printf(
-        "scan %s (%s): cycle %lld, position %lld of %lld blocks, "
+        "scan %s (%s, %s reads): cycle %lld, position %lld of %lld blocks, "
         "%lld blocks read\n",
         sj["dataset"].get<std::string>().substr(0, 12).c_str(),
         sj["selection"].get<std::string>().c_str(),
-        sj["cycle"].get<long long>(), sj["position"].get<long long>(),
-        sj["blocks"].get<long long>(), sj["blocks_read"].get<long long>());
+        sj["io"].get<std::string>().c_str(), sj["cycle"].get<long long>(),
+        sj["position"].get<long long>(), sj["blocks"].get<long long>(),
+        sj["blocks_read"].get<long long>());
     for (const OrderedJson& cj : sj["clients"]) {
       std::printf(
           "  client %s (%s) rank %lld/%lld: epoch %lld, lag %lld blocks, "

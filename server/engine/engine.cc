@@ -63,7 +63,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
       "); read engine: ", reads.uses_uring() ? "io_uring" : "pread fallback",
       ", ", reads.options().queue_depth,
       " reads of <= ", reads.options().read_bytes >> 10, " KiB in flight",
-      s.direct_io ? ", O_DIRECT" : "",
+      s.read_mode == ScanReadMode::kAuto     ? ", read mode auto"
+      : s.read_mode == ScanReadMode::kDirect ? ", read mode direct"
+                                             : ", read mode buffered",
       reads.buffers_registered() ? ", registered buffers" : "");
   return e;
 }

@@ -27,6 +27,9 @@ struct SubscriberStatus {
 struct ScanStatus {
   std::string dataset;
   std::string selection;  // "layer 12, content tokens"
+  /// How the scan reads: "direct" (O_DIRECT), "buffered", or
+  /// "buffered-random" (no read-ahead: the selection has large gaps).
+  std::string io;
   int64_t num_blocks = 0;
   int64_t cycle = 0;
   int64_t position = 0;

@@ -1,11 +1,13 @@
 #include "server/engine/scan.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/synth.h"
@@ -485,6 +487,7 @@ ScanStatus SharedScan::Status() const {
   ScanStatus st;
   st.dataset = dataset_;
   st.selection = selection_name_;
+  st.io = io_;
   st.num_blocks = layout_.num_blocks;
   st.cycle = cycle_;
   st.position = position_;
@@ -508,13 +511,73 @@ ScanStatus SharedScan::Status() const {
   return st;
 }
 
+// ------------------------------------------------------------ read modes
+
+absl::StatusOr<ScanReadMode> ParseScanReadMode(absl::string_view name) {
+  if (name == "auto") return ScanReadMode::kAuto;
+  if (name == "direct") return ScanReadMode::kDirect;
+  if (name == "buffered") return ScanReadMode::kBuffered;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "read mode '", name, "' is not one of auto, direct, buffered"));
+}
+
+namespace {
+
+// True when more than 1/16 of the bytes between the first and the last
+// selected vector of consecutive rows is not selected (one layer of
+// several, or the CLS token alone): read-ahead would read that too.
+bool Sparse(const DatasetDesc& d, const Selection& sel) {
+  const int64_t stride = sel.layer_index >= 0
+                             ? d.tokens_per_example * d.num_layers()
+                             : d.tokens_per_example;
+  return sel.vectors_per_row * 16 < stride * 15;
+}
+
+// The fraction of a sample of the selection's pages that sits in the page
+// cache, found with RWF_NOWAIT reads (they return EAGAIN instead of going
+// to the disk; mincore() would need write access to the files). The probe
+// descriptors are advised POSIX_FADV_RANDOM so that a miss starts no
+// read-ahead: at most the sampled pages themselves are read. -1 when the
+// filesystem cannot answer.
+double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
+  constexpr int64_t kSamples = 32;
+  const int64_t rows = layout.sel.num_rows;
+  if (rows <= 0) return -1;
+  std::vector<UniqueFd> probes(static_cast<size_t>(r.desc().num_data_shards()));
+  char page[4096];
+  int64_t asked = 0, cached = 0;
+  for (int64_t i = 0; i < std::min(kSamples, rows); ++i) {
+    const int64_t row = i * rows / std::min(kSamples, rows);
+    absl::StatusOr<VectorLocation> at = layout.sel.Locate(r.desc(), row, 0);
+    if (!at.ok() || r.shard_fd(at->shard) < 0) continue;
+    UniqueFd& fd = probes[static_cast<size_t>(at->shard)];
+    if (!fd.valid()) {
+      auto opened = OpenFile(
+          absl::StrCat("/proc/self/fd/", r.shard_fd(at->shard)), O_RDONLY);
+      if (!opened.ok()) return -1;
+      fd = std::move(*opened);
+      ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_RANDOM);
+    }
+    iovec iov{page, sizeof(page)};
+    const ssize_t n =
+        ::preadv2(fd.get(), &iov, 1,
+                  static_cast<off_t>(at->offset / 4096 * 4096), RWF_NOWAIT);
+    if (n < 0 && errno != EAGAIN) return -1;  // EOPNOTSUPP: cannot tell
+    ++asked;
+    cached += n > 0;
+  }
+  return asked == 0 ? -1 : static_cast<double>(cached) / asked;
+}
+
+}  // namespace
+
 // ------------------------------------------------------------ ScanRegistry
 
 absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
     Options options) {
   std::unique_ptr<ScanRegistry> r(new ScanRegistry(options.scans));
   ASSIGN_OR_RETURN(r->reservoir_, Reservoir::Create(options.reservoir));
-  options.reads.register_buffers = options.scans.direct_io;
+  options.reads.register_buffers = options.scans.register_buffers;
   ASSIGN_OR_RETURN(r->engine_,
                    ReadEngine::Start(options.reads, r->reservoir_.get()));
   ReadEngine* engine = r->engine_.get();
@@ -555,19 +618,41 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   if (it == scans_.end()) {
     // O_DIRECT needs every offset, length and buffer 4 KiB-aligned: true
     // when a vector is a multiple of 4 KiB and so is a slot.
-    bool direct = options_.direct_io && layout.vector_bytes % 4096 == 0 &&
-                  reservoir_->slot_bytes() % 4096 == 0;
-    if (options_.direct_io && !direct) {
-      LogInfo("scan of ", dataset, ": reading without O_DIRECT (vectors of ",
-              layout.vector_bytes, " bytes or blocks of ",
-              reservoir_->slot_bytes(), " bytes are not 4 KiB multiples)");
+    const bool aligned =
+        layout.vector_bytes % 4096 == 0 && reservoir_->slot_bytes() % 4096 == 0;
+    bool direct = false;
+    std::string why;
+    switch (options_.read_mode) {
+      case ScanReadMode::kBuffered:
+        why = "--read-mode buffered";
+        break;
+      case ScanReadMode::kDirect:
+        direct = aligned;
+        break;
+      case ScanReadMode::kAuto:
+        if (aligned) {
+          const double cached = CachedFraction(*reader, layout);
+          direct = cached < 0.5;
+          why = cached < 0 ? "the page cache cannot be probed here"
+                           : absl::StrFormat("%.0f%% of sampled pages cached",
+                                             100 * cached);
+        }
+        break;
     }
+    if (!aligned && options_.read_mode != ScanReadMode::kBuffered) {
+      why = absl::StrCat("vectors of ", layout.vector_bytes,
+                         " bytes or blocks of ", reservoir_->slot_bytes(),
+                         " bytes are not 4 KiB multiples");
+    }
+    // Read-ahead fills the gaps between selected ranges (another layer's
+    // slices): where they are large, buffered reads get none.
+    const bool sparse = Sparse(reader->desc(), layout.sel);
     // The scan's own descriptors of the same inodes (via /proc/self/fd, so
     // a file replaced on disk since the catalog opened it is not picked up):
     // its hints and O_DIRECT do not touch the query path's descriptors.
     const DatasetReader& r = *reader;
     auto open_shards =
-        [&r](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
+        [&r, sparse](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
       std::vector<UniqueFd> fds;
       for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
         if (r.shard_fd(s) < 0) {
@@ -577,7 +662,10 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
         auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
                            O_RDONLY | (o_direct ? O_DIRECT : 0));
         if (!fd.ok()) return Annotate(fd.status(), r.shard_path(s));
-        if (!o_direct) ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+        if (!o_direct) {
+          ::posix_fadvise(fd->get(), 0, 0,
+                          sparse ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
+        }
         fds.push_back(std::move(*fd));
       }
       return fds;
@@ -600,12 +688,16 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
         std::move(reader), dataset, std::move(layout), options_,
         reservoir_.get(), [engine] { engine->Wake(); }, std::move(*fds), seed,
         sub.epoch);
+    scan->set_io(direct ? "direct" : sparse ? "buffered-random" : "buffered");
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
     LogInfo("scan of ", dataset, " (", scan->selection_name(),
             ") started: ", scan->layout().num_blocks, " blocks of ",
-            scan->layout().vectors_per_block, " vectors",
-            direct ? ", O_DIRECT" : "");
+            scan->layout().vectors_per_block, " vectors, ",
+            direct   ? "O_DIRECT"
+            : sparse ? "buffered, no read-ahead"
+                     : "buffered",
+            why.empty() ? "" : absl::StrCat(" (", why, ")"));
   }
   subscription->registry_ = this;
   subscription->scan_ = it->second;

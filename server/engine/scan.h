@@ -105,10 +105,28 @@ struct Block {
 };
 using BlockRef = std::shared_ptr<const Block>;
 
+/// How a shared scan reads its shards.
+enum class ScanReadMode {
+  /// O_DIRECT when the layout allows it (vectors and blocks 4 KiB multiples)
+  /// and the selection is not in the page cache (a sample of its pages,
+  /// probed without reading them): cold data is read once, without the
+  /// kernel's read-ahead fetching the unselected bytes between ranges.
+  /// Cached data is copied from the page cache.
+  kAuto,
+  kDirect,    // O_DIRECT whenever the layout allows it
+  kBuffered,  // through the page cache
+};
+
+/// "auto", "direct", "buffered"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ScanReadMode> ParseScanReadMode(absl::string_view name);
+
 struct ScanOptions {
   int64_t window_blocks = 16;  // a client's shuffle window
   int64_t lag_blocks = 32;     // a client's queue bound
-  bool direct_io = false;      // O_DIRECT reads when the layout is aligned
+  ScanReadMode read_mode = ScanReadMode::kAuto;
+  /// Register the reservoir's slots with io_uring (fixed buffers): pins and
+  /// touches the whole reservoir at start, and needs RLIMIT_MEMLOCK.
+  bool register_buffers = false;
   /// A new scan waits this long before its first read, so that clients
   /// launched together all join before any block is consumed.
   std::chrono::milliseconds start_delay{0};
@@ -156,6 +174,9 @@ class SharedScan final : public BlockSource,
   const std::string& dataset() const { return dataset_; }
   /// "layer 12, content tokens", for status pages and logs.
   const std::string& selection_name() const { return selection_name_; }
+  /// How it reads ("direct", "buffered", "buffered-random"), for status.
+  /// Set once, before the scan is shared.
+  void set_io(std::string io) { io_ = std::move(io); }
 
   /// Adds a subscriber; returns its id.
   uint64_t Subscribe(SubscriberSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
@@ -241,6 +262,7 @@ class SharedScan final : public BlockSource,
   const std::vector<UniqueFd> fds_;  // the scan's own shard descriptors
   const uint64_t seed_;
   const std::string selection_name_;
+  std::string io_;
   const std::string labels_path_;
   const Clock::time_point start_at_;  // no reads before (gathering clients)
 
@@ -278,7 +300,7 @@ class ScanRegistry {
   /// Makes the reservoir and starts the read engine the scans share (woken
   /// whenever a slot is released). Errors of Reservoir::Create and
   /// ReadEngine::Start. `options.reads.register_buffers` follows
-  /// `options.scans.direct_io`.
+  /// `options.scans.register_buffers`.
   static absl::StatusOr<std::unique_ptr<ScanRegistry>> Start(Options options);
   /// Every subscription must be gone. Stops the engine (reads in flight
   /// complete first), then frees the reservoir.

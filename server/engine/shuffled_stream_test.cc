@@ -89,7 +89,9 @@ class ShuffledStreamTest : public ::testing::Test {
     o.reads.queue_depth = 8;
     o.scans.window_blocks = c.window;
     o.scans.lag_blocks = c.lag;
-    o.scans.direct_io = c.direct_io;
+    o.scans.read_mode =
+        c.direct_io ? ScanReadMode::kDirect : ScanReadMode::kAuto;
+    o.scans.register_buffers = c.direct_io;
     o.scans.start_delay = std::chrono::milliseconds(c.start_delay_ms);
     auto registry = ScanRegistry::Start(o);
     ASSERT_TRUE(registry.ok()) << registry.status();

@@ -109,6 +109,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
     v1::ScanStatus* out = response->add_scans();
     out->set_dataset(ValidUtf8(s.dataset));
     out->set_selection(s.selection);
+    out->set_io(s.io);
     out->set_blocks(s.num_blocks);
     out->set_cycle(s.cycle);
     out->set_position(s.position);

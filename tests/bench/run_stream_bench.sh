@@ -15,7 +15,7 @@
 # Environment: BUILD_DIR (default build/), BENCH_DIR (/tmp/shardcast-bench),
 # BENCH_EXAMPLES (1280 -> 2.5 GiB in 5 shards), LAYER (12; "all" for every
 # layer), TOKENS (content), BATCH (4096 vectors = 16 MiB), RESERVOIR (1G),
-# EPOCHS (1), DAEMON_FLAGS (extra shardcastd flags, e.g. --direct-io).
+# EPOCHS (1), DAEMON_FLAGS (extra shardcastd flags, e.g. --read-mode buffered).
 # Needs fio and vmtouch (bash deploy/install-deps.sh). About 5 minutes.
 set -euo pipefail
 

@@ -1659,7 +1659,7 @@ def parse_args(argv):
                     "the newer of build/ and build-srv/; now %(default)s)")
     ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for shardcastd (repeatable), e.g. "
-                    "--daemon-arg=--direct-io")
+                    "--daemon-arg=--read-mode=direct")
     ap.add_argument("--sample-seconds", type=float, default=10.0,
                     help="seconds between samples (default 10)")
     ap.add_argument("--trainers", type=int, default=3,

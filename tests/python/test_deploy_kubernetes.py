@@ -43,7 +43,7 @@ DAEMON_CONFIG_KEYS = {
     "allow_groups", "insecure_tcp", "http", "query_threads", "max_vectors_per_call",
     "max_bytes_per_call", "shutdown_grace_seconds", "log_level", "log_format",
     "reservoir_bytes", "block_bytes", "shuffle_window", "lag_blocks", "queue_depth",
-    "read_bytes", "direct_io", "prefault", "scan_start_delay_ms",
+    "read_bytes", "read_mode", "register_buffers", "prefault", "scan_start_delay_ms",
 }
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10  # server/options.h
 

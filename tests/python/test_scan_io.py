@@ -1,0 +1,111 @@
+"""How shared scans read their shards (--read-mode auto, the default), against
+a real shardcastd: a cold selection of 4 KiB-aligned vectors is read with
+O_DIRECT, once, and the bytes the kernel says the daemon read
+(/proc/<daemon>/io read_bytes, an independent count) stay within 1.05 x the
+selected bytes although the selection is one layer of two; a cached selection
+is copied from the page cache; unaligned vectors are read buffered, without
+read-ahead when the selection has gaps. Every vector is checked against numpy.
+"""
+
+import os
+from pathlib import Path
+
+import shardcast
+from package_fixtures import (Reference, assert_exact_epoch, datasets,  # noqa: F401
+                              package_logs, sockdir, start_daemon, synth)
+
+
+# 1 MiB blocks (the session's small daemon has 16 KiB ones).
+DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "1M", "--shuffle-window", "4",
+          "--lag-blocks", "8", "--query-threads", "2")
+
+
+def proc_read_bytes(pid):
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "read_bytes":
+            return int(value)
+    raise AssertionError(f"/proc/{pid}/io has no read_bytes")
+
+
+def evict(path):
+    """Drops the shards' pages from the page cache (as vmtouch -e)."""
+    for f in Path(path).glob("acts*.bin"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(path):
+    for f in Path(path).glob("acts*.bin"):
+        f.read_bytes()
+
+
+def stream_epoch(daemon, ref, layer, endless=False):
+    """One shuffled epoch of `layer`, every batch checked against numpy;
+    returns (rows, the scan's io mode seen in status after the first batch).
+    `endless`: the stream asks for more epochs, so that a small selection's
+    scan is still there when status is asked (the daemon may otherwise have
+    sent the whole epoch into the client's slots already)."""
+    rows, io = [], None
+    with shardcast.Client(daemon.address) as client:
+        stream = client.stream(ref.path.name, layer=layer, order="shuffled",
+                               batch_size=512, seed=3, epochs=0 if endless else 1,
+                               copy=True)
+        for i, b in enumerate(stream):
+            if b.epoch > 0:
+                break
+            rows.extend(ref.batch_rows(b, layer))
+            if i == 0:
+                scans = [s for s in client.status().scans
+                         if s.dataset == ref.path.name]
+                assert len(scans) == 1, scans
+                io = scans[0].io
+        stream.close()
+    return rows, io
+
+
+def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
+    # 16 examples x 2 layers x 256 tokens x 4 KiB vectors: 32 MiB, 1 layer of
+    # content tokens selected (16 x 255 x 4 KiB).
+    path = synth(tmp_path / "root", "--layers", "6,12", "--tokens", 255, "--cls",
+                 "--d-model", 1024, "--examples", 16, "--budget", 16 * 256 * 2, "--seed", 5)
+    ref = Reference(path)
+    d = start_daemon(*DAEMON, roots=[tmp_path / "root"], small=False)
+    evict(path)
+    before = proc_read_bytes(d.pid)
+    rows, io = stream_epoch(d, ref, 12)
+    read = proc_read_bytes(d.pid) - before
+    assert_exact_epoch(rows, ref.selection(12), "cold epoch")
+    assert io == "direct", io
+    selected = 16 * 255 * 4096
+    # Read from the device (it was evicted), and nothing of the other layer.
+    assert 0.95 * selected <= read <= 1.05 * selected, (read, selected, read / selected)
+
+
+def test_cached_selection_is_copied_from_the_page_cache(start_daemon, tmp_path):
+    path = synth(tmp_path / "root", "--layers", "6,12", "--tokens", 255, "--cls",
+                 "--d-model", 1024, "--examples", 8, "--budget", 8 * 256 * 2, "--seed", 6)
+    ref = Reference(path)
+    d = start_daemon(*DAEMON, roots=[tmp_path / "root"], small=False)
+    warm(path)
+    before = proc_read_bytes(d.pid)
+    rows, io = stream_epoch(d, ref, 6)
+    assert_exact_epoch(rows, ref.selection(6), "warm epoch")
+    assert io == "buffered-random", io  # one layer of two: no read-ahead
+    assert proc_read_bytes(d.pid) - before < (1 << 20)
+
+
+def test_unaligned_vectors_are_read_buffered(start_daemon, datasets):
+    # The session's main dataset: D 64 (256-byte vectors), layers 6 and 12.
+    d = start_daemon()
+    ref = datasets.main
+    rows, io = stream_epoch(d, ref, 12, endless=True)
+    assert_exact_epoch(rows, ref.selection(12), "one layer")
+    assert io == "buffered-random", io
+    rows, io = stream_epoch(d, ref, None, endless=True)
+    assert_exact_epoch(rows, ref.selection(None), "all layers")
+    assert io == "buffered", io
