@@ -403,6 +403,15 @@ def assert_exact_epoch(rows, want, what="epoch"):
 # ---------------------------------------------------------------------------
 # Process inspection.
 
+def proc_read_bytes(pid):
+    """read_bytes of /proc/PID/io: what the storage devices read for it."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "read_bytes":
+            return int(value)
+    raise AssertionError(f"/proc/{pid}/io has no read_bytes")
+
+
 def memfd_mappings(pid="self"):
     """[(start, end)] of the memfd mappings in /proc/PID/maps."""
     out = []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from package_fixtures import (REJECTED_ID, SHARDCAST_BIN, SHARDCASTD_BIN,  # noqa: F401
+from package_fixtures import (proc_read_bytes, REJECTED_ID, SHARDCAST_BIN, SHARDCASTD_BIN,  # noqa: F401
                               datasets, package_logs, sockdir, start_daemon, synth,
                               wait_for)
 
@@ -51,14 +51,6 @@ def scrape(port):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
-
-
-def proc_read_bytes(pid):
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "read_bytes":
-            return int(value)
-    raise AssertionError(f"/proc/{pid}/io has no read_bytes")
 
 
 # ---------------------------------------------------------------------------

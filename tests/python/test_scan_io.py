@@ -11,21 +11,13 @@ import os
 from pathlib import Path
 
 import shardcast
-from package_fixtures import (Reference, assert_exact_epoch, datasets,  # noqa: F401
+from package_fixtures import (proc_read_bytes, Reference, assert_exact_epoch, datasets,  # noqa: F401
                               package_logs, sockdir, start_daemon, synth)
 
 
 # 1 MiB blocks (the session's small daemon has 16 KiB ones).
 DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "1M", "--shuffle-window", "4",
           "--lag-blocks", "8", "--query-threads", "2")
-
-
-def proc_read_bytes(pid):
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "read_bytes":
-            return int(value)
-    raise AssertionError(f"/proc/{pid}/io has no read_bytes")
 
 
 def evict(path):
