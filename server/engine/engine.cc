@@ -110,7 +110,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   return std::make_unique<SealedSource>(std::move(source), &tokens_);
 }
 
-MemoryLease::~MemoryLease() { reservoir_->Unreserve(slots_); }
+MemoryLease::~MemoryLease() {
+  reservoir_->Unpark(slots_);
+  reservoir_->Unreserve(slots_);
+}
 
 absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
     uint64_t bytes, const std::string& what) {
@@ -123,6 +126,7 @@ absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
         r->bytes(), " bytes, --reservoir-bytes)"));
   }
   RETURN_IF_ERROR(scans_->Reserve(static_cast<int64_t>(slots), what));
+  r->Park(static_cast<int64_t>(slots));  // its pages go back to the kernel
   return std::unique_ptr<MemoryLease>(
       new MemoryLease(r, static_cast<int64_t>(slots), bytes));
 }

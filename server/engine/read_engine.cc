@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<ReadEngine>> ReadEngine::Start(
                    reg.message(), "; RLIMIT_MEMLOCK?); reading without them");
       } else {
         e->buffers_registered_ = true;
+        reservoir->SetPinned();
       }
     }
   }

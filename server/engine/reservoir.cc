@@ -168,15 +168,64 @@ void Reservoir::Release(int32_t slot) {
       return;
     }
     in_use_[static_cast<size_t>(slot)] = false;
-    free_.push_back(slot);
-    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    if (park_owed_ > 0) {
+      --park_owed_;
+      ParkLocked(slot);
+    } else {
+      free_.push_back(slot);
+      std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    }
   }
   if (listener_) listener_();
 }
 
+void Reservoir::ParkLocked(int32_t slot) {
+  if (!pinned_) ::madvise(slot_data(slot), slot_bytes_, MADV_DONTNEED);
+  parked_.push_back(slot);
+}
+
+void Reservoir::Park(int64_t slots) {
+  MutexLock lock(&mu_);
+  park_owed_ += slots;
+  while (park_owed_ > 0 && !free_.empty()) {
+    // The highest free index: low slots stay warm for reuse.
+    auto top = std::max_element(free_.begin(), free_.end());
+    const int32_t slot = *top;
+    free_.erase(top);
+    std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    --park_owed_;
+    ParkLocked(slot);
+  }
+}
+
+void Reservoir::Unpark(int64_t slots) {
+  {
+    MutexLock lock(&mu_);
+    const int64_t cancelled = std::min(slots, park_owed_);
+    park_owed_ -= cancelled;
+    for (int64_t i = cancelled; i < slots && !parked_.empty(); ++i) {
+      free_.push_back(parked_.back());
+      parked_.pop_back();
+      std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    }
+  }
+  if (listener_) listener_();  // a reader may wait for these slots
+}
+
+int64_t Reservoir::slots_parked() const {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(parked_.size());
+}
+
+void Reservoir::SetPinned() {
+  MutexLock lock(&mu_);
+  pinned_ = true;
+}
+
 int64_t Reservoir::slots_in_use() const {
   MutexLock lock(&mu_);
-  return num_slots_ - static_cast<int64_t>(free_.size());
+  return num_slots_ - static_cast<int64_t>(free_.size()) -
+         static_cast<int64_t>(parked_.size());
 }
 
 int64_t Reservoir::slots_reserved() const {

@@ -92,6 +92,21 @@ class Reservoir {
   int64_t slots_in_use() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t slots_reserved() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  /// Memory lent elsewhere (a client's shared-memory region) comes out of
+  /// the reservoir physically, not only in the accounts: Park takes `slots`
+  /// slots out of use, free ones now (highest index first) and the rest as
+  /// they are released, and gives their pages back to the kernel
+  /// (MADV_DONTNEED), so the process stays within the reservoir's size.
+  /// Call after Reserve(slots), which guarantees they come free. Unpark
+  /// returns them (their pages are touched again when next used).
+  void Park(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unpark(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t slots_parked() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The slots are registered with io_uring (pinned): their pages must not
+  /// be given back, or the kernel would keep writing the old ones. Parking
+  /// then only keeps them out of use.
+  void SetPinned() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes, int64_t slots);
 
@@ -106,6 +121,11 @@ class Reservoir {
   std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t overflow_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int32_t> parked_ ABSL_GUARDED_BY(mu_);
+  int64_t park_owed_ ABSL_GUARDED_BY(mu_) = 0;  // to park when released
+  bool pinned_ ABSL_GUARDED_BY(mu_) = false;
+
+  void ParkLocked(int32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace shardcast

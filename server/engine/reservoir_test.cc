@@ -283,6 +283,57 @@ TEST(Reservoir, PagesAreTouchedOnlyWhenUsedUnlessPrefaulted) {
             eager->bytes() / page);
 }
 
+TEST(Reservoir, ParkedSlotsGiveTheirPagesBackAndAreNotHandedOut) {
+  // 8 prefaulted slots of 64 KiB; a lease of 3 parks the 3 highest free.
+  auto r = MakeReservoir(8 * 64 * kKiB, 64 * kKiB, /*prefault=*/true);
+  ASSERT_NE(r, nullptr);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t slot_pages = 64 * kKiB / page;
+  ASSERT_TRUE(r->Reserve(3, "a lease").ok());
+  r->Park(3);
+  EXPECT_EQ(r->slots_parked(), 3);
+  EXPECT_EQ(r->slots_in_use(), 0);
+  EXPECT_EQ(ResidentPages(r->base(), r->bytes()), 5 * slot_pages);
+  for (int32_t s = 5; s < 8; ++s) {
+    EXPECT_EQ(ResidentPages(r->slot_data(s), 64 * kKiB), 0u) << s;
+  }
+  std::vector<int32_t> got;
+  while (std::optional<int32_t> s = r->TryAcquire()) got.push_back(*s);
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  for (int32_t s : got) r->Release(s);
+  r->Unpark(3);
+  r->Unreserve(3);
+  EXPECT_EQ(r->slots_parked(), 0);
+  got.clear();
+  while (std::optional<int32_t> s = r->TryAcquire()) got.push_back(*s);
+  EXPECT_EQ(got.size(), 8u);
+  for (int32_t s : got) r->Release(s);
+}
+
+TEST(Reservoir, SlotsInUseWhenParkingAreParkedAsTheyAreReleased) {
+  auto r = MakeReservoir(4 * 64 * kKiB, 64 * kKiB, /*prefault=*/true);
+  ASSERT_NE(r, nullptr);
+  std::vector<int32_t> held;
+  while (std::optional<int32_t> s = r->TryAcquire()) held.push_back(*s);
+  ASSERT_EQ(held.size(), 4u);
+  r->Park(2);  // nothing free: owed
+  EXPECT_EQ(r->slots_parked(), 0);
+  r->Release(held[0]);
+  r->Release(held[1]);
+  EXPECT_EQ(r->slots_parked(), 2);
+  EXPECT_EQ(ResidentPages(r->slot_data(held[0]), 64 * kKiB), 0u);
+  EXPECT_FALSE(r->TryAcquire().has_value());  // parked, not free
+  r->Release(held[2]);
+  EXPECT_EQ(r->TryAcquire(), std::optional<int32_t>(held[2]));
+  // Unparking more than was parked cancels what is still owed first.
+  r->Park(1);
+  r->Unpark(3);
+  EXPECT_EQ(r->slots_parked(), 0);
+  r->Release(held[2]);
+  r->Release(held[3]);
+  EXPECT_EQ(r->slots_in_use(), 0);
+}
+
 TEST(Reservoir, ConcurrentAcquireAndReleaseNeverShareASlot) {
   auto r = MakeReservoir(8 * 4096, 4096);
   ASSERT_NE(r, nullptr);
