@@ -221,6 +221,24 @@ TEST_F(DaemonTest, ListsServedAndRejectedDatasets) {
   EXPECT_EQ(described->id, main_id_);
 }
 
+TEST_F(DaemonTest, AnEmptyAddressMeansShardcastAddressAndHealthIsServing) {
+  daemon_ = StartDaemon();
+  ASSERT_EQ(::setenv(Client::kAddressVariable, ("unix:" + socket_).c_str(), 1),
+            0);
+  auto client = Client::Connect("");
+  ::unsetenv(Client::kAddressVariable);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto health = (*client)->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, Client::Health::kServing);
+  auto unset = Client::Connect("");
+  ASSERT_FALSE(unset.ok());
+  EXPECT_EQ(unset.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unset.status().message().find("SHARDCAST_ADDRESS"),
+            std::string::npos)
+      << unset.status();
+}
+
 TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
   daemon_ = StartDaemon();
   auto client = Connect();
