@@ -41,7 +41,11 @@ void PrintTopHelp(const std::vector<Command>& local,
       "\nDaemon commands (with --server ADDRESS, or $SHARDCAST_ADDRESS for "
       "those\nthat have no local meaning; info and get read local files "
       "unless --server\nis given):\n");
-  for (const Command& c : remote) std::printf("  %-8s %s\n", c.name, c.summary);
+  for (const Command& c : remote) {
+    bool also_local = false;  // the same command (doctor): listed above
+    for (const Command& l : local) also_local |= l.run == c.run;
+    if (!also_local) std::printf("  %-8s %s\n", c.name, c.summary);
+  }
   std::printf("\nGlobal %s", FormatOptions(kGlobalOptions).c_str());
   std::printf(
       "\nRun `shardcast [--server A] COMMAND --help` for a command's options. "
@@ -92,8 +96,8 @@ int Main(int argc, char** argv) {
   };
   bool wants_help = false;
   for (int k = i + 1; k < argc; ++k) {
-    wants_help |= std::strcmp(argv[k], "--help") == 0 ||
-                  std::strcmp(argv[k], "-h") == 0;
+    wants_help |=
+        std::strcmp(argv[k], "--help") == 0 || std::strcmp(argv[k], "-h") == 0;
   }
   if (!with_server && !named(local) && named(remote) &&
       (!Client::DefaultAddress().empty() || wants_help)) {
