@@ -1,6 +1,7 @@
 #include "server/engine/reservoir.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -180,7 +181,18 @@ void Reservoir::Release(int32_t slot) {
 }
 
 void Reservoir::ParkLocked(int32_t slot) {
-  if (!pinned_) ::madvise(slot_data(slot), slot_bytes_, MADV_DONTNEED);
+  if (!pinned_) {
+    // Only the pages wholly inside the slot: madvise rounds its length up
+    // to a page, and slots smaller than a page (or not page-aligned) share
+    // pages with their neighbours, whose data must stay.
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(slot_data(slot));
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + slot_bytes_) / page * page;
+    if (last > first) {
+      ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    }
+  }
   parked_.push_back(slot);
 }
 

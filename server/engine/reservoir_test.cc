@@ -334,6 +334,41 @@ TEST(Reservoir, SlotsInUseWhenParkingAreParkedAsTheyAreReleased) {
   EXPECT_EQ(r->slots_in_use(), 0);
 }
 
+TEST(Reservoir, ParkingASlotSmallerThanAPageLeavesItsNeighboursData) {
+  // 2 KiB slots: two share each page. Parking one must not zero the other.
+  auto r = MakeReservoir(8 * 2 * kKiB, 2 * kKiB);
+  ASSERT_NE(r, nullptr);
+  std::vector<int32_t> held;
+  while (std::optional<int32_t> s = r->TryAcquire()) held.push_back(*s);
+  for (int32_t s : held) std::memset(r->slot_data(s), 'a' + s, 2 * kKiB);
+  r->Park(1);
+  r->Release(held[6]);  // shares its page with slot 7
+  EXPECT_EQ(r->slots_parked(), 1);
+  for (uint64_t i = 0; i < 2 * kKiB; ++i) {
+    ASSERT_EQ(r->slot_data(held[7])[i], 'a' + held[7]) << i;
+  }
+  // A slot of 6 KiB spans one whole page and parts of two others: only the
+  // whole page is given back.
+  auto wide = MakeReservoir(4 * 6 * kKiB, 6 * kKiB);
+  ASSERT_NE(wide, nullptr);
+  held.clear();
+  while (std::optional<int32_t> s = wide->TryAcquire()) held.push_back(*s);
+  for (int32_t s : held) std::memset(wide->slot_data(s), 'a' + s, 6 * kKiB);
+  wide->Park(1);
+  wide->Release(held[1]);
+  for (int32_t s : {held[0], held[2]}) {
+    for (uint64_t i = 0; i < 6 * kKiB; ++i) {
+      ASSERT_EQ(wide->slot_data(s)[i], 'a' + s) << s << " " << i;
+    }
+  }
+  for (int32_t s : held) {
+    if (s != held[1]) wide->Release(s);
+  }
+  for (int32_t s : held) {
+    if (s != held[6]) r->Release(s);
+  }
+}
+
 TEST(Reservoir, ConcurrentAcquireAndReleaseNeverShareASlot) {
   auto r = MakeReservoir(8 * 4096, 4096);
   ASSERT_NE(r, nullptr);
