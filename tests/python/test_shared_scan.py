@@ -407,7 +407,14 @@ def test_four_trainers_started_together_read_a_cold_dataset_once(
                  "--examples", 96, "--budget", 20000, "--seed", 4)
     shards = [big.shard_file(i) for i in range(len(big.shards))]
     d = start_daemon(big, sockdir, tmp_path_factory.mktemp("coldd"), "cold",
-                     "--block-bytes", "1M", "--reservoir-bytes", "512M")
+                     "--block-bytes", "1M", "--reservoir-bytes", "512M",
+                     # "Started together" = within the scan's gather window.
+                     # The trainers are separate processes started one after
+                     # another: under ASan with a parallel ctest they opened
+                     # their streams over 400 ms, past the default 100 ms,
+                     # and the late ones got the blocks they missed on the
+                     # next cycle (a re-read, as designed for late joiners).
+                     "--scan-start-delay-ms", "3000")
     try:
         d.wait_ready(stubs)
         with grpc.insecure_channel(d.address()) as ch:
