@@ -6,7 +6,9 @@
 #     sequential reads of the same shard files; bytes the daemon read per
 #     epoch (its counter and the kernel's /proc/<pid>/io read_bytes); daemon
 #     RSS against --reservoir-bytes;
-#   - the warm gRPC path against a bare gRPC byte-streaming loop on a Unix
+#   - warm, over shared memory (the local default) and over gRPC messages
+#     (--no-shared-memory, the remote path);
+#   - the warm gRPC-message path against a bare gRPC byte-streaming loop on a Unix
 #     socket (tests/bench/grpc_stream_bench.cc) with the same message size
 #     and the same client settings.
 #
@@ -70,12 +72,13 @@ for _ in $(seq 300); do [[ -S "$SOCK" ]] && break; sleep 0.1; done
 stream_args=(--tokens "$TOKENS" --batch-size "$BATCH" --epochs "$EPOCHS" --seed 1)
 [[ $LAYER != all ]] && stream_args+=(--layer "$LAYER")
 
-run_bench() {  # name clients [--cold]
-  local name=$1 clients=$2
+run_bench() {  # name clients [--cold] [--no-shared-memory]
+  local name=$1 clients=$2 global=()
   shift 2
-  echo "== $name: $clients trainer(s) $* =="
-  "$SC" --server "unix:$SOCK" bench "$ID" --clients "$clients" "${stream_args[@]}" \
-    --dir "$DS" --daemon-pid "$DAEMON" "$@" --json > "$OUT/$name.json"
+  if [[ ${1:-} == --no-shared-memory ]]; then global=(--no-shared-memory); shift; fi
+  echo "== $name: $clients trainer(s) ${global[*]} $* =="
+  "$SC" "${global[@]}" --server "unix:$SOCK" bench "$ID" --clients "$clients" \
+    "${stream_args[@]}" --dir "$DS" --daemon-pid "$DAEMON" "$@" --json > "$OUT/$name.json"
 }
 
 echo "dataset: $DS ($(du -sh "$DS" | cut -f1), $(nproc) cores), selection: layer $LAYER, $TOKENS tokens"
@@ -88,6 +91,10 @@ vmtouch -tql "${SHARDS[@]}" & LOCK=$!  # -l without -d: holds the lock until kil
 sleep 3
 run_bench warm-1 1
 run_bench warm-4 4
+# The same over gRPC messages (the path remote clients use), for the
+# comparison with the bare gRPC loop below.
+run_bench warm-grpc-1 1 --no-shared-memory
+run_bench warm-grpc-4 4 --no-shared-memory
 
 echo "== bare gRPC streaming loop, same message size =="
 MSG=$((BATCH * 4096))  # one batch of 4 KiB vectors (d_model 1024)
@@ -107,7 +114,7 @@ mib = lambda b: b / (1 << 20)
 print()
 print("| run | trainers | MiB/s per trainer | fio MiB/s (mean) | x fio per trainer | disk read / selected (daemon, /proc io) | daemon peak RSS | RSS bound |")
 print("|---|---:|---|---:|---|---|---:|---:|")
-for name in ("cold-1", "cold-4", "warm-1", "warm-4"):
+for name in ("cold-1", "cold-4", "warm-1", "warm-4", "warm-grpc-1", "warm-grpc-4"):
     j = json.load(open(f"{out}/{name}.json"))
     per = [c["bytes_per_second"] for c in j["clients"]]
     fio = j["fio"]["mean"]
@@ -123,10 +130,10 @@ for name in ("cold-1", "cold-4", "warm-1", "warm-4"):
           f"{j['daemon_disk_read_bytes'] / sel:.3f}, {'-' if io is None else f'{io / sel:.3f}'} | "
           f"{mib(rss):.0f} MiB | {mib(bound):.0f} MiB ({'ok' if rss <= bound else 'OVER'}) |")
 print()
-print("| warm gRPC path | trainers | shardcast MiB/s per trainer | bare gRPC loop MiB/s per client | ratio |")
+print("| warm gRPC-message path (--no-shared-memory) | trainers | shardcast MiB/s per trainer | bare gRPC loop MiB/s per client | ratio |")
 print("|---|---:|---|---|---:|")
 for n in (1, 4):
-    j = json.load(open(f"{out}/warm-{n}.json"))
+    j = json.load(open(f"{out}/warm-grpc-{n}.json"))
     b = json.load(open(f"{out}/bare-{n}.json"))
     per = [c["bytes_per_second"] for c in j["clients"]]
     bare = [c["bytes_per_second"] for c in b["clients"]]
