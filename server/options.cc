@@ -28,7 +28,8 @@ const std::vector<DaemonOption>& Table() {
        "Unix socket for local clients (mode 0660, with PATH.lock)",
        OptionKind::kUnixSocket, &O::unix_socket},
       {"socket-group", "socket_group", "GROUP",
-       "group owning the Unix socket (default: the daemon's)",
+       "group (name or numeric id) owning the Unix socket (default: the "
+       "daemon's)",
        OptionKind::kText, &O::socket_group},
       {"disable-shared-memory", "disable_shared_memory", nullptr,
        "serve local clients their batches in gRPC messages only, not in "

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -53,12 +54,19 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, int type,
     return ErrnoToStatus(errno, "chmod " + path);
   }
   if (!group.empty()) {
-    struct group* g = ::getgrnam(group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("socket group ", group, " does not exist"));
+    // A name, or a numeric id (containers often have no group database
+    // entry for the group the socket must have).
+    uint32_t gid = 0;
+    if (!absl::SimpleAtoi(group, &gid)) {
+      struct group* g = ::getgrnam(group.c_str());
+      if (g == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("socket group ", group, " does not exist"));
+      }
+      gid = g->gr_gid;
     }
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+    if (::chown(path.c_str(), static_cast<uid_t>(-1),
+                static_cast<gid_t>(gid)) != 0) {
       return ErrnoToStatus(errno, "chgrp " + path);
     }
   }

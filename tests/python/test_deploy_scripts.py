@@ -413,3 +413,51 @@ def test_daemon_syscalls_and_socket_families_pass_the_units_filters(unit, tmp_pa
         f"system calls outside SystemCallFilter=: {sorted(calls - allowed)}")
     assert socket_families <= set(families), (socket_families, families)
     assert not wx, "\n".join(wx[:10])
+
+
+# ---------------------------------------------------------------------------
+# The example config.
+
+def test_the_example_config_starts_the_real_daemon(example_config):
+    """deploy/shardcastd.example.json, with its paths moved to a temporary
+    directory (and its socket group to this user's group), is accepted by
+    the real daemon: it starts, says SERVING, and exits 0 on SIGTERM. Every
+    other key and value is the file's own."""
+    daemon = need_binary(SHARDCASTD)
+    cli = need_binary(SHARDCAST)
+    tmp = Path(tempfile.mkdtemp(prefix="scex", dir="/tmp"))  # short socket path
+    try:
+        root = tmp / "roots"
+        root.mkdir()
+        config = dict(example_config)
+        config["roots"] = [str(root)]
+        config["listen"] = f"unix:{tmp}/run/shardcastd.sock"
+        config["socket_group"] = str(os.getgid())
+        config["http"] = "127.0.0.1:0"
+        for key in ("tls_cert", "tls_key", "tls_client_ca", "listen_tcp", "token_key_file"):
+            assert key not in config, f"the example sets {key}: give the test a file for it"
+        path = tmp / "shardcastd.json"
+        path.write_text(json.dumps(config))
+        log = open(tmp / "daemon.log", "wb")
+        proc = subprocess.Popen([str(daemon), "--config", str(path)], stdout=log, stderr=log)
+        try:
+            health = None
+            for _ in range(100):
+                if proc.poll() is not None:
+                    break
+                health = subprocess.run([str(cli), "--server", config["listen"], "health",
+                                         "--timeout", "1"], capture_output=True, timeout=30)
+                if health.returncode == 0:
+                    break
+                time.sleep(0.1)
+            text = (tmp / "daemon.log").read_text(errors="replace")
+            assert health is not None and health.returncode == 0, (
+                f"the daemon did not become SERVING with the example config:\n{text}")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+            log.close()
+        assert rc == 0, (tmp / "daemon.log").read_text(errors="replace")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
