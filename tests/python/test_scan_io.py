@@ -57,16 +57,18 @@ def warm(path):
         f.read_bytes()
 
 
-def stream_epoch(daemon, ref, layer, endless=False):
+def stream_epoch(daemon, ref, layer, endless=False, batch_size=512):
     """One shuffled epoch of `layer`, every batch checked against numpy;
     returns (rows, the scan's io mode seen in status after the first batch).
     `endless`: the stream asks for more epochs, so that a small selection's
     scan is still there when status is asked (the daemon may otherwise have
-    sent the whole epoch into the client's slots already)."""
+    sent the whole epoch into the client's slots already; so may small
+    batches: the daemon runs at most a few slots ahead of the client)."""
     rows, io = [], None
     with shardcast.Client(daemon.address) as client:
         stream = client.stream(ref.path.name, layer=layer, order="shuffled",
-                               batch_size=512, seed=3, epochs=0 if endless else 1,
+                               batch_size=batch_size, seed=3,
+                               epochs=0 if endless else 1,
                                copy=True)
         for i, b in enumerate(stream):
             if b.epoch > 0:
@@ -92,7 +94,7 @@ def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
     d = start_daemon(*DAEMON, roots=[tmp_path / "root"], small=False)
     evict(path)
     before = proc_read_bytes(d.pid)
-    rows, io = stream_epoch(d, ref, 12)
+    rows, io = stream_epoch(d, ref, 12, batch_size=128)  # 32 batches
     read = proc_read_bytes(d.pid) - before
     assert_exact_epoch(rows, ref.selection(12), "cold epoch")
     assert io == "direct", io
@@ -108,7 +110,7 @@ def test_cached_selection_is_copied_from_the_page_cache(start_daemon, tmp_path):
     d = start_daemon(*DAEMON, roots=[tmp_path / "root"], small=False)
     warm(path)
     before = proc_read_bytes(d.pid)
-    rows, io = stream_epoch(d, ref, 6)
+    rows, io = stream_epoch(d, ref, 6, endless=True)  # 4 batches: all fit the slots
     assert_exact_epoch(rows, ref.selection(6), "warm epoch")
     assert io == "buffered-random", io  # one layer of two: no read-ahead
     assert proc_read_bytes(d.pid) - before < (1 << 20)
