@@ -50,6 +50,7 @@ if importlib.util.find_spec("shardcast") is None:
     sys.path.insert(0, str(CLIENT_DIR))
 
 import saev_reference as ref  # noqa: E402
+from sysprobe import proc_read_bytes  # noqa: E402,F401  (re-exported)
 import shardcast  # noqa: E402
 
 PACKAGE_DIR = Path(shardcast.__file__).resolve().parent.parent
@@ -402,15 +403,6 @@ def assert_exact_epoch(rows, want, what="epoch"):
 
 # ---------------------------------------------------------------------------
 # Process inspection.
-
-def proc_read_bytes(pid):
-    """read_bytes of /proc/PID/io: what the storage devices read for it."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "read_bytes":
-            return int(value)
-    raise AssertionError(f"/proc/{pid}/io has no read_bytes")
-
 
 def memfd_mappings(pid="self"):
     """[(start, end)] of the memfd mappings in /proc/PID/maps."""

@@ -20,12 +20,11 @@ import shutil
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from sysprobe import http_get
 from package_fixtures import REPO_ROOT, Daemon, synth, tail
 
 import shardcast
@@ -257,14 +256,6 @@ def parse_exposition(text):
         seen.add(series)
         families[name]["samples"].append((labels, v))
     return families
-
-
-def http_get(port, path, timeout=5.0):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 # Series that exist only while a stream, scan or local connection does: the

@@ -20,13 +20,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
+from sysprobe import http_get
 from package_fixtures import (REPO_ROOT, SHARDCAST_BIN, SHARDCASTD_BIN,  # noqa: F401
                               Daemon, package_logs, synth, tail)
 
@@ -681,15 +680,6 @@ def make_certificates(d):
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
                  "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
                  "-extfile", f"{name}.ext", cwd=d)
-
-
-def http_get(port, path, timeout=5.0):
-    """(status, body) of GET http://127.0.0.1:port/path."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def log_value(log, pattern, what, timeout=10.0):

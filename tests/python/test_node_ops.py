@@ -10,17 +10,15 @@ import os
 import re
 import socket
 import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from package_fixtures import (proc_read_bytes, REJECTED_ID, SHARDCAST_BIN, SHARDCASTD_BIN,  # noqa: F401
+from package_fixtures import (proc_read_bytes, REJECTED_ID, SHARDCAST_BIN,  # noqa: F401
                               datasets, package_logs, sockdir, start_daemon, synth,
                               wait_for)
 
 import shardcast
+from sysprobe import evict, metric_samples
 
 
 def cli(*args, env=None, timeout=60):
@@ -40,17 +38,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def scrape(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 # ---------------------------------------------------------------------------
@@ -120,7 +107,7 @@ def test_json_logs_status_and_metrics_name_each_stream_by_its_client_id(
         assert mine["batches"] >= 3 and mine["bytes"] >= 3 * 32 * 64 * 4, mine
         [scan] = json.loads(status.out)["scans"]
         assert [c["client"] for c in scan["clients"]] == [client_id], scan
-        samples = scrape(port)
+        samples = metric_samples(port)
         sent = [v for k, v in samples.items()
                 if k.startswith("shardcast_client_sent_bytes_total{")
                 and f'client="{client_id}"' in k and 'transport="shm"' in k]
@@ -130,7 +117,7 @@ def test_json_logs_status_and_metrics_name_each_stream_by_its_client_id(
         stream.close()
     # The stream has ended: its series are gone.
     wait_for(lambda: not any(k.startswith("shardcast_client_sent_bytes_total{")
-                             for k in scrape(port)), what="stream series to go")
+                             for k in metric_samples(port)), what="stream series to go")
     d.stop()
     lines = d.log.read_text().splitlines()
     events = [json.loads(line) for line in lines]  # every line is one object
@@ -165,11 +152,7 @@ def test_device_read_bytes_follow_proc_io_next_to_requested_bytes(start_daemon, 
     root = tmp_path / "cold"
     path = synth(root, "--layers", "3", "--tokens", 255, "--cls", "--d-model", 1024,
                  "--examples", 8, "--seed", 2)
-    for f in path.glob("acts*.bin"):
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    evict(path.glob("acts*.bin"))
     port = free_port()
     d = start_daemon("--http", f"127.0.0.1:{port}", roots=[root])
     before = proc_read_bytes(d.pid)
@@ -177,7 +160,7 @@ def test_device_read_bytes_follow_proc_io_next_to_requested_bytes(start_daemon, 
         n = sum(b.vectors.shape[0] for b in client.stream(
             path.name, order="ordered", batch_size=256, tokens="all", copy=True))
     assert n == 8 * 256
-    samples = scrape(port)
+    samples = metric_samples(port)
     after = proc_read_bytes(d.pid)
     device = samples["shardcast_device_read_bytes_total"]
     assert samples["shardcast_read_requested_bytes_total"] == 8 * 256 * 1024 * 4, samples

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import shardcast
+from sysprobe import evict
 from package_fixtures import (proc_read_bytes, Reference, assert_exact_epoch, datasets,  # noqa: F401
                               package_logs, sockdir, start_daemon, synth)
 
@@ -21,17 +22,6 @@ from package_fixtures import (proc_read_bytes, Reference, assert_exact_epoch, da
 # 1 MiB blocks (the session's small daemon has 16 KiB ones).
 DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "1M", "--shuffle-window", "4",
           "--lag-blocks", "8", "--query-threads", "2")
-
-
-def evict(path):
-    """Drops the shards' pages from the page cache (as vmtouch -e)."""
-    for f in Path(path).glob("acts*.bin"):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def o_direct_works(path):
@@ -92,7 +82,7 @@ def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
         pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
     ref = Reference(path)
     d = start_daemon(*DAEMON, roots=[tmp_path / "root"], small=False)
-    evict(path)
+    evict(Path(path).glob("acts*.bin"))
     before = proc_read_bytes(d.pid)
     rows, io = stream_epoch(d, ref, 12, batch_size=128)  # 32 batches
     read = proc_read_bytes(d.pid) - before

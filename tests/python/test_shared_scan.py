@@ -20,12 +20,12 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
+from sysprobe import evict, metric_samples, proc_read_bytes
 from test_daemon_grpc import (RPC_TIMEOUT, SHARDCAST_BIN, Daemon,  # noqa: F401
                               _daemon_logs_on_failure, _synth, expect_error,
                               sockdir, stubs)
@@ -253,14 +253,8 @@ def test_status_and_metrics_show_the_scan_and_its_clients(stubs, channel, ds, da
     assert s.reservoir_bytes == 4 << 20, s
     assert 0 < s.reservoir_bytes_in_use <= s.reservoir_bytes, s
     assert s.reservoir_bytes_reserved == (4 + 256) * 2048, s
-    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http_port()}/metrics",
-                                timeout=10) as r:
-        text = r.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
+    samples = metric_samples(daemon.http_port())
+    text = "\n".join(f"{k} {v}" for k, v in samples.items())
     assert samples["shardcast_scans_active"] == 1, text
     key = f'shardcast_scan_subscribers{{dataset="{ds.id}",selection="{scan.selection}"}}'
     assert samples.get(key) == 1, text
@@ -378,24 +372,6 @@ def test_a_killed_trainer_leaves_the_others_epochs_exact(stubs, channel, ds, dae
     for p in others:
         assert_exact_epochs(finish(p), 3, n)
     wait_no_scans(stubs, channel)
-
-
-def evict(paths):
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def proc_read_bytes(pid):
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no read_bytes in /proc/{pid}/io")
 
 
 @pytest.mark.parametrize("layer", [None, 12])
