@@ -76,20 +76,22 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   // Names follow Prometheus' conventions: base units (bytes, seconds) as a
   // suffix, `_total` on counters, the standard process_* names.
   std::string out;
-  auto metric = [&out](const char* name, const char* type, const char* help,
-                       auto value) {
+  // A family's HELP and TYPE lines; its samples follow.
+  auto family = [&out](const char* name, const char* type, const char* help) {
     absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n", name, " ");
+                    type, "\n");
+  };
+  // A family of one unlabelled sample.
+  auto metric = [&out, &family](const char* name, const char* type,
+                                const char* help, auto value) {
+    family(name, type, help);
+    absl::StrAppend(&out, name, " ");
     if constexpr (std::is_floating_point_v<decltype(value)>) {
       // StrCat keeps 6 digits: a start time would be off by minutes.
       absl::StrAppend(&out, absl::StrFormat("%.17g", value), "\n");
     } else {
       absl::StrAppend(&out, value, "\n");
     }
-  };
-  auto family = [&out](const char* name, const char* type, const char* help) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n");
   };
   metric("shardcast_up", "gauge", "1 while serving, 0 while shutting down.",
          serving ? 1 : 0);

@@ -39,6 +39,7 @@
 #include "common/synth.h"
 #include "common/writer.h"
 #include "server/engine/engine.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace shardcast::fuzz {
 
@@ -70,13 +71,6 @@ struct FuzzEngine {
   FuzzDataset a, b;
   std::unique_ptr<Engine> engine;
 };
-
-/// Prints `what` and aborts: libFuzzer keeps the input as a crash.
-[[noreturn]] inline void Fail(const std::string& what) {
-  std::fprintf(stderr, "FUZZ CHECK FAILED: %s\n", what.c_str());
-  std::fflush(stderr);
-  abort();
-}
 
 inline FuzzDataset WriteFuzzDataset(const std::string& root, bool first) {
   FuzzDataset ds;

@@ -29,16 +29,12 @@
 #include "absl/strings/string_view.h"
 #include "common/metadata.h"
 #include "common/pyjson.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using namespace shardcast;  // NOLINT: test code
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "FUZZ CHECK FAILED: %s\n", what.c_str());
-  std::fflush(stderr);
-  abort();
-}
+using fuzz::Fail;
 
 void Expect(absl::StatusCode want, const absl::Status& got,
             absl::string_view what) {

@@ -25,16 +25,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/npy.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
 using namespace shardcast;  // NOLINT: test code
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "FUZZ CHECK FAILED: %s\n", what.c_str());
-  std::fflush(stderr);
-  abort();
-}
+using fuzz::Fail;
 
 // The input as a file: a memfd (a regular file to OpenRegularFile).
 class MemFile {
