@@ -115,9 +115,11 @@ const std::vector<DaemonOption>& Table() {
       {"read-bytes", "read_bytes", "N", "largest single disk read",
        OptionKind::kBytes, &O::read_bytes, 1, kNoMax},
       {"read-mode", "read_mode", "MODE",
-       "how shared scans read shards: auto (O_DIRECT for data not in the "
-       "page cache, when vectors are 4 KiB multiples; else buffered), "
-       "direct, or buffered",
+       "how shared scans read shards: auto (cached data: mapped; data not "
+       "in the page cache: O_DIRECT when vectors are 4 KiB multiples, else "
+       "buffered), direct, buffered, or mapped (serve blocks from memory "
+       "maps of the shards in place: no copy into the reservoir; slow for "
+       "cold data)",
        OptionKind::kReadMode, &O::read_mode},
       {"register-buffers", "register_buffers", nullptr,
        "register the reservoir with io_uring as fixed buffers (pins and "

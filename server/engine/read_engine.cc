@@ -149,6 +149,15 @@ void ReadEngine::Plan(size_t budget, std::vector<Op*>* ops,
     idle = 0;
     read->source = source;
     BlockRead* r = read.release();
+    for (const BlockRead::Touch& t : r->touch) {
+      // Cached pages (the reason to map): page-table work only.
+      absl::Status st = t.file->Populate(t.offset, t.length);
+      if (!st.ok()) {
+        r->status = std::move(st);
+        break;
+      }
+      r->bytes += t.length;
+    }
     const char* slot_begin = r->slot >= 0 && reservoir_ != nullptr
                                  ? reservoir_->slot_data(r->slot)
                                  : nullptr;

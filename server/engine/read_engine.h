@@ -30,6 +30,7 @@
 #include "common/file.h"
 #include "common/mutex.h"
 #include "server/engine/reservoir.h"
+#include "server/io/mapped_file.h"
 #include "server/io/uring.h"
 
 namespace shardcast {
@@ -41,6 +42,16 @@ class BlockSource;
 struct BlockRead {
   /// One contiguous range of one file into memory each (server/io/uring.h).
   std::vector<ReadOp> ranges;
+  /// Ranges of mapped files the block is served from in place: the engine
+  /// brings them into the page tables (MappedFile::Populate) before the
+  /// ranges are read, so that nobody faults on them later; a failure fails
+  /// the read. Their bytes count as read.
+  struct Touch {
+    const MappedFile* file;
+    uint64_t offset;
+    uint64_t length;
+  };
+  std::vector<Touch> touch;
   /// Reservoir slot the ranges write into: with registered buffers the
   /// engine reads into it with READ_FIXED. -1 when the memory is elsewhere.
   int32_t slot = -1;

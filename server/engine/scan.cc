@@ -1,6 +1,7 @@
 #include "server/engine/scan.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -36,6 +37,42 @@ absl::StatusOr<BlockLayout> BlockLayout::Make(const DatasetDesc& d,
 
 Block::~Block() {
   if (reservoir != nullptr && slot >= 0) reservoir->Release(slot);
+}
+
+absl::Status Block::CheckMapped() const {
+  if (pieces.empty()) return absl::OkStatus();
+  if (MapFaults() != faults_when_read) {
+    return absl::DataLossError(absl::StrCat(
+        "data of ", pieces.front().file->path(),
+        " became unreadable while it was being served (the file shrank or "
+        "the disk failed)"));
+  }
+  // One size check per run of pieces in the same file.
+  for (size_t i = 0; i < pieces.size();) {
+    const MappedFile* file = pieces[i].file;
+    uint64_t end = 0;
+    for (; i < pieces.size() && pieces[i].file == file; ++i) {
+      end = std::max(end, pieces[i].offset + pieces[i].length);
+    }
+    ASSIGN_OR_RETURN(uint64_t size, file->CurrentSize());
+    if (size < end) {
+      return absl::DataLossError(
+          absl::StrCat(file->path(), " shrank to ", size,
+                       " bytes while it was being served (it had ",
+                       file->size(), "); its data is gone"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Block::MapFaults() const {
+  uint64_t sum = 0;
+  const MappedFile* last = nullptr;
+  for (const Piece& p : pieces) {
+    if (p.file != last) sum += p.file->faults();
+    last = p.file;
+  }
+  return sum;
 }
 
 // -------------------------------------------------------------- SharedScan
@@ -388,22 +425,47 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
 }
 
 absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
-    int64_t b, int32_t slot, std::shared_ptr<Block>* out) const {
+    int64_t b, int32_t slot, std::shared_ptr<Block>* out) {
   const DatasetDesc& d = reader_->desc();
   const Selection& sel = layout_.sel;
   auto block = std::make_shared<Block>();
   block->id = b;
   block->first_vector = layout_.first_vector(b);
   block->vectors = layout_.vectors(b);
-  block->data = reservoir_->slot_data(slot);
+  block->vector_bytes = layout_.vector_bytes;
   block->reservoir = reservoir_;
   block->slot = slot;
   *out = block;  // owns the slot from here on, also on error
   auto read = std::make_unique<BlockRead>();
-  read->slot = slot;
   const uint64_t vb = layout_.vector_bytes;
   const int64_t k = sel.vectors_per_row;
   const int64_t g0 = block->first_vector, g1 = g0 + block->vectors;
+  if (maps_ != nullptr) {
+    block->maps = maps_;
+    block->row_vectors = k;
+    block->row_skip = g0 % k;
+    // The pages a mapped scan populates stay in the daemon's page tables
+    // (its RSS, as RssFile: page cache, not the daemon's memory) until
+    // dropped. Dropping each block's pages when it is let go split the
+    // kernel's huge mappings of the page cache and flushed TLBs per block
+    // (a quarter of the daemon's time); dropping whole maps every 64 MiB
+    // made the blocks in use fault back in 16 pages at a time (a quarter
+    // of the throughput on this VM, where page-table changes are costly).
+    // So: whole maps, once a reservoir's worth has been populated, which
+    // bounds the mapped pages by the reservoir's size.
+    if (populated_since_trim_ >=
+        std::max<uint64_t>(reservoir_->bytes(), 64ull << 20)) {
+      for (const auto& m : *maps_) {
+        if (m != nullptr) m->Unmap(0, m->size());
+      }
+      populated_since_trim_ = 0;
+    }
+    populated_since_trim_ +=
+        static_cast<uint64_t>(block->vectors) * layout_.vector_bytes;
+  } else {
+    block->data = reservoir_->slot_data(slot);
+    read->slot = slot;
+  }
   int64_t first_example = -1, last_example = -1;
   for (int64_t g = g0; g < g1;) {
     const int64_t row = g / k;
@@ -413,6 +475,29 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     if (first_example < 0) first_example = example;
     last_example = example;
     ASSIGN_OR_RETURN(VectorLocation loc, sel.Locate(d, row, j0));
+    if (maps_ != nullptr) {
+      // The whole row from its first selected vector (the piece indexing
+      // counts from there), though only [j0, j1) is populated.
+      const MappedFile* file = (*maps_)[static_cast<size_t>(loc.shard)].get();
+      if (file == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("shard ", loc.shard, " is not mapped"));
+      }
+      const uint64_t length = static_cast<uint64_t>(j1 - j0) * vb;
+      const uint64_t row_start = loc.offset - static_cast<uint64_t>(j0) * vb;
+      block->pieces.push_back(
+          {file, loc.offset, length, file->data() + row_start});
+      BlockRead::Touch* prev =
+          read->touch.empty() ? nullptr : &read->touch.back();
+      if (prev != nullptr && prev->file == file &&
+          prev->offset + prev->length == loc.offset) {
+        prev->length += length;  // adjacent rows
+      } else {
+        read->touch.push_back({file, loc.offset, length});
+      }
+      g += j1 - j0;
+      continue;
+    }
     ReadOp r;
     r.fd = fds_[static_cast<size_t>(loc.shard)].get();
     r.offset = loc.offset;
@@ -429,6 +514,7 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     }
     g += j1 - j0;
   }
+  if (maps_ != nullptr) block->faults_when_read = block->MapFaults();
   if (reader_->info().has_labels && first_example >= 0) {
     const uint64_t c = static_cast<uint64_t>(d.content_tokens);
     block->first_example = first_example;
@@ -517,8 +603,9 @@ absl::StatusOr<ScanReadMode> ParseScanReadMode(absl::string_view name) {
   if (name == "auto") return ScanReadMode::kAuto;
   if (name == "direct") return ScanReadMode::kDirect;
   if (name == "buffered") return ScanReadMode::kBuffered;
+  if (name == "mapped") return ScanReadMode::kMapped;
   return absl::InvalidArgumentError(absl::StrCat(
-      "read mode '", name, "' is not one of auto, direct, buffered"));
+      "read mode '", name, "' is not one of auto, direct, buffered, mapped"));
 }
 
 namespace {
@@ -567,6 +654,28 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
     cached += n > 0;
   }
   return asked == 0 ? -1 : static_cast<double>(cached) / asked;
+}
+
+// Maps every shard file of `r` through the scan's descriptors `fds`.
+absl::StatusOr<ShardMaps> MapShards(const DatasetReader& r,
+                                    const std::vector<UniqueFd>& fds,
+                                    bool sparse) {
+  ShardMaps maps(fds.size());
+  for (size_t s = 0; s < fds.size(); ++s) {
+    if (!fds[s].valid()) continue;
+    struct stat st;
+    if (::fstat(fds[s].get(), &st) != 0) {
+      return ErrnoToStatus(errno, r.shard_path(static_cast<int64_t>(s)));
+    }
+    ASSIGN_OR_RETURN(
+        maps[s],
+        MappedFile::Map(fds[s].get(), static_cast<uint64_t>(st.st_size),
+                        r.shard_path(static_cast<int64_t>(s))));
+    // Where the selection has gaps, a page that is not cached is read
+    // alone rather than with its neighbours (another layer's bytes).
+    if (sparse) maps[s]->AdviseRandom();
+  }
+  return maps;
 }
 
 }  // namespace
@@ -620,29 +729,37 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     // when a vector is a multiple of 4 KiB and so is a slot.
     const bool aligned =
         layout.vector_bytes % 4096 == 0 && reservoir_->slot_bytes() % 4096 == 0;
-    bool direct = false;
+    const std::string unaligned = absl::StrCat(
+        "vectors of ", layout.vector_bytes, " bytes or blocks of ",
+        reservoir_->slot_bytes(), " bytes are not 4 KiB multiples");
+    enum class How { kBuffered, kDirect, kMapped };
+    How how = How::kBuffered;
     std::string why;
     switch (options_.read_mode) {
       case ScanReadMode::kBuffered:
         why = "--read-mode buffered";
         break;
+      case ScanReadMode::kMapped:
+        how = How::kMapped;
+        why = "--read-mode mapped";
+        break;
       case ScanReadMode::kDirect:
-        direct = aligned;
+        how = aligned ? How::kDirect : How::kBuffered;
+        if (!aligned) why = unaligned;
         break;
-      case ScanReadMode::kAuto:
-        if (aligned) {
-          const double cached = CachedFraction(*reader, layout);
-          direct = cached < 0.5;
-          why = cached < 0 ? "the page cache cannot be probed here"
-                           : absl::StrFormat("%.0f%% of sampled pages cached",
-                                             100 * cached);
-        }
+      case ScanReadMode::kAuto: {
+        // Cached: serve it from the page cache in place. Cold (or cannot
+        // tell): read it once, with O_DIRECT where the layout allows it.
+        const double cached = CachedFraction(*reader, layout);
+        how = cached >= 0.5 ? How::kMapped
+              : aligned     ? How::kDirect
+                            : How::kBuffered;
+        why = cached < 0 ? "the page cache cannot be probed here"
+                         : absl::StrFormat("%.0f%% of sampled pages cached",
+                                           100 * cached);
+        if (how == How::kBuffered) absl::StrAppend(&why, "; ", unaligned);
         break;
-    }
-    if (!aligned && options_.read_mode != ScanReadMode::kBuffered) {
-      why = absl::StrCat("vectors of ", layout.vector_bytes,
-                         " bytes or blocks of ", reservoir_->slot_bytes(),
-                         " bytes are not 4 KiB multiples");
+      }
     }
     // Read-ahead fills the gaps between selected ranges (another layer's
     // slices): where they are large, buffered reads get none.
@@ -670,33 +787,51 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
       }
       return fds;
     };
-    absl::StatusOr<std::vector<UniqueFd>> fds = open_shards(direct);
-    if (direct && !fds.ok() &&
+    absl::StatusOr<std::vector<UniqueFd>> fds =
+        open_shards(how == How::kDirect);
+    if (how == How::kDirect && !fds.ok() &&
         fds.status().code() == absl::StatusCode::kInvalidArgument) {
       // EINVAL: this filesystem does not do O_DIRECT (tmpfs, some FUSE).
       LogWarning("scan of ", dataset, ": O_DIRECT refused (",
                  fds.status().message(), "); reading through the page cache");
-      direct = false;
+      how = How::kBuffered;
       fds = open_shards(false);
     }
     if (!fds.ok()) {
       reservoir_->Unreserve(slots);
       return fds.status();
     }
+    std::shared_ptr<ShardMaps> maps;
+    if (how == How::kMapped) {
+      absl::StatusOr<ShardMaps> made = MapShards(r, *fds, sparse);
+      if (made.ok()) {
+        maps = std::make_shared<ShardMaps>(std::move(*made));
+      } else {
+        LogWarning("scan of ", dataset, ": cannot map the shards (",
+                   made.status().message(),
+                   "); reading through the page cache");
+        how = How::kBuffered;
+      }
+    }
     ReadEngine* engine = engine_.get();
     auto scan = std::make_shared<SharedScan>(
         std::move(reader), dataset, std::move(layout), options_,
         reservoir_.get(), [engine] { engine->Wake(); }, std::move(*fds), seed,
         sub.epoch);
-    scan->set_io(direct ? "direct" : sparse ? "buffered-random" : "buffered");
+    scan->set_io(how == How::kDirect   ? "direct"
+                 : how == How::kMapped ? "mapped"
+                 : sparse              ? "buffered-random"
+                                       : "buffered");
+    scan->set_maps(std::move(maps));
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
     LogInfo("scan of ", dataset, " (", scan->selection_name(),
             ") started: ", scan->layout().num_blocks, " blocks of ",
             scan->layout().vectors_per_block, " vectors, ",
-            direct   ? "O_DIRECT"
-            : sparse ? "buffered, no read-ahead"
-                     : "buffered",
+            how == How::kDirect   ? "O_DIRECT"
+            : how == How::kMapped ? "served from the page cache in place"
+            : sparse              ? "buffered, no read-ahead"
+                                  : "buffered",
             why.empty() ? "" : absl::StrCat(" (", why, ")"));
   }
   subscription->registry_ = this;

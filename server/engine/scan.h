@@ -62,6 +62,7 @@
 #include "server/engine/read_engine.h"
 #include "server/engine/reservoir.h"
 #include "server/engine/selection.h"
+#include "server/io/mapped_file.h"
 
 namespace shardcast {
 
@@ -82,19 +83,56 @@ struct BlockLayout {
   }
 };
 
-/// A block in the reservoir: immutable once read. Returns its slot to the
-/// reservoir when the last reference goes.
+/// The shard files of a scan that serves cached data from memory maps
+/// (ScanReadMode::kMapped), by shard index (null: a shard with no examples).
+using ShardMaps = std::vector<std::unique_ptr<MappedFile>>;
+
+/// A block: immutable once read. Its vectors are either in a reservoir slot
+/// (read there) or, in a mapped scan, in the shard maps themselves; either
+/// way it holds a slot, which bounds what clients may pin, and returns it
+/// when the last reference goes.
 struct Block {
   int64_t id = -1;
   int64_t first_vector = 0;
   int64_t vectors = 0;
-  char* data = nullptr;  // vectors * vector_bytes
+  uint64_t vector_bytes = 0;
+  char* data = nullptr;  // in the slot: vectors * vector_bytes, in order
+  /// Mapped: the row pieces holding the vectors, in order (a row is one
+  /// layer of one example; its selected tokens are adjacent in the file).
+  /// Vector i is vector (i + row_skip) % row_vectors of piece
+  /// (i + row_skip) / row_vectors.
+  struct Piece {
+    const MappedFile* file;
+    uint64_t offset;
+    uint64_t length;
+    const char* at;  // file->data() + offset
+  };
+  std::vector<Piece> pieces;
+  int64_t row_skip = 0;
+  int64_t row_vectors = 0;
+  std::shared_ptr<const ShardMaps> maps;  // keeps `pieces` mapped
+  uint64_t faults_when_read = 0;          // sum of the pieces' maps' faults
   /// Content-token labels of examples [first_example, ...), when present.
   int64_t first_example = 0;
   std::string labels;
   Reservoir* reservoir = nullptr;
   int32_t slot = -1;
   ~Block();
+
+  const char* vector(int64_t i) const {
+    if (pieces.empty()) return data + static_cast<size_t>(i) * vector_bytes;
+    const int64_t at = i + row_skip;
+    return pieces[static_cast<size_t>(at / row_vectors)].at +
+           static_cast<size_t>(at % row_vectors) * vector_bytes;
+  }
+  /// Sum of the faults of the maps the pieces are in (MappedFile::faults):
+  /// more than faults_when_read means a copy may hold zeros for lost data.
+  uint64_t MapFaults() const;
+  /// OK when every byte a copy from the pieces read is still in its file:
+  /// no fault since the block was made, and no file now ends before a
+  /// piece does (a file that shrank within a page reads zeros silently).
+  /// DATA_LOSS naming the file otherwise.
+  absl::Status CheckMapped() const;
   /// labels.bin value of content token `content` of `example` (an example
   /// the block's vectors belong to; needs labels).
   uint8_t Label(int64_t example, int64_t content,
@@ -111,13 +149,20 @@ enum class ScanReadMode {
   /// and the selection is not in the page cache (a sample of its pages,
   /// probed without reading them): cold data is read once, without the
   /// kernel's read-ahead fetching the unselected bytes between ranges.
-  /// Cached data is copied from the page cache.
+  /// Mapped (below) when most of the sample is cached; buffered otherwise
+  /// (or when the page cache cannot be probed).
   kAuto,
   kDirect,    // O_DIRECT whenever the layout allows it
   kBuffered,  // through the page cache
+  /// Served from memory maps of the shards: blocks are views of the page
+  /// cache and clients' batches are gathered from it directly (one copy
+  /// instead of two). Auto's choice for cached data. Data that is not
+  /// cached is read into the page cache synchronously, page by page when
+  /// the selection is sparse: slow for cold data.
+  kMapped,
 };
 
-/// "auto", "direct", "buffered"; INVALID_ARGUMENT otherwise.
+/// "auto", "direct", "buffered", "mapped"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ScanReadMode> ParseScanReadMode(absl::string_view name);
 
 struct ScanOptions {
@@ -177,6 +222,11 @@ class SharedScan final : public BlockSource,
   /// How it reads ("direct", "buffered", "buffered-random"), for status.
   /// Set once, before the scan is shared.
   void set_io(std::string io) { io_ = std::move(io); }
+  /// Serves blocks from these maps of the shards instead of reading them
+  /// (ScanReadMode::kMapped). Set once, before the scan is shared.
+  void set_maps(std::shared_ptr<const ShardMaps> maps) {
+    maps_ = std::move(maps);
+  }
 
   /// Adds a subscriber; returns its id.
   uint64_t Subscribe(SubscriberSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
@@ -251,7 +301,8 @@ class SharedScan final : public BlockSource,
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);
   absl::StatusOr<std::unique_ptr<BlockRead>> MakeRead(
-      int64_t block, int32_t slot, std::shared_ptr<Block>* out) const;
+      int64_t block, int32_t slot, std::shared_ptr<Block>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<const DatasetReader> reader_;
   const std::string dataset_;
@@ -263,6 +314,7 @@ class SharedScan final : public BlockSource,
   const uint64_t seed_;
   const std::string selection_name_;
   std::string io_;
+  std::shared_ptr<const ShardMaps> maps_;
   const std::string labels_path_;
   const Clock::time_point start_at_;  // no reads before (gathering clients)
 
@@ -285,6 +337,9 @@ class SharedScan final : public BlockSource,
   std::map<uint64_t, Resident> resident_ ABSL_GUARDED_BY(mu_);
   uint64_t blocks_read_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_ ABSL_GUARDED_BY(mu_) = 0;
+  /// Bytes a mapped scan populated since it last dropped its maps' pages
+  /// from the page tables (MakeRead).
+  uint64_t populated_since_trim_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 /// All shared scans of a daemon, keyed by (dataset, selection). Subscribing

@@ -249,8 +249,7 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   const Selection& sel = layout_.sel;
   const uint64_t vb = layout_.vector_bytes;
   const size_t at = static_cast<size_t>(i);
-  copies_.push_back(
-      {dest.data + at * vb, b.data + static_cast<size_t>(e.local) * vb});
+  copies_.push_back({dest.data + at * vb, b.vector(e.local)});
   const int64_t g = b.first_vector + e.local;
   const int64_t row = g / sel.vectors_per_row;
   const int64_t example = sel.example_of(row);
@@ -269,7 +268,7 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   }
 }
 
-void ShuffledStream::Copy() {
+absl::Status ShuffledStream::Copy() {
   // The sources are random vectors of a window of blocks, far larger than
   // the caches: asking for the vector after next while copying this one
   // keeps the memory busy (about twice the speed of plain copies here).
@@ -282,14 +281,28 @@ void ShuffledStream::Copy() {
     }
     std::memcpy(copies_[k].dst, copies_[k].src, vb);
   }
+  const bool copied = !copies_.empty();
   copies_.clear();
+  // A block served from a shard map whose file lost data since the block
+  // was made (truncated under us: MappedFile) copied zeros for it: the
+  // batch must not go out.
+  absl::Status damaged;
+  auto check = [&damaged](const BlockRef& b) {
+    if (damaged.ok() && b != nullptr) damaged = b->CheckMapped();
+  };
+  if (copied) {
+    for (const BlockRef& b : retired_) check(b);
+    for (const Active& a : active_) check(a.block);
+  }
   retired_.clear();
+  return damaged;
 }
 
 absl::StatusOr<BatchSource::Fill> ShuffledStream::Next(
     VectorDest dest, StreamBatch* out, std::function<void()> waker) {
   absl::StatusOr<Fill> fill = Assemble(dest, out, std::move(waker));
-  Copy();  // the vectors drawn, whatever the outcome
+  // The vectors drawn, whatever the outcome.
+  RETURN_IF_ERROR(Copy());
   return fill;
 }
 

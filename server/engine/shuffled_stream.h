@@ -80,7 +80,9 @@ class ShuffledStream final : public BatchSource {
   absl::StatusOr<Fill> Assemble(VectorDest dest, StreamBatch* out,
                                 std::function<void()> waker);
   // Performs the copies drawn, then lets go of the blocks they emptied.
-  void Copy();
+  // DATA_LOSS when a mapped block's file lost data meanwhile (the copies
+  // may hold zeros then).
+  absl::Status Copy();
   void StartEpoch(int64_t epoch, int64_t batch_index);
 
   std::unique_ptr<ScanRegistry::Subscription> sub_;

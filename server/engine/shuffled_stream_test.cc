@@ -42,7 +42,9 @@ struct EngineConfig {
   int64_t lag = 64;
   int64_t slots = 512;
   uint64_t block_bytes = kBlockBytes;
-  bool direct_io = false;
+  // kAuto serves the tests' freshly written (cached) files from maps.
+  ScanReadMode mode = ScanReadMode::kAuto;
+  bool register_buffers = false;
   int64_t start_delay_ms = 0;  // tests subscribe everyone before reading
 };
 
@@ -89,9 +91,8 @@ class ShuffledStreamTest : public ::testing::Test {
     o.reads.queue_depth = 8;
     o.scans.window_blocks = c.window;
     o.scans.lag_blocks = c.lag;
-    o.scans.read_mode =
-        c.direct_io ? ScanReadMode::kDirect : ScanReadMode::kAuto;
-    o.scans.register_buffers = c.direct_io;
+    o.scans.read_mode = c.mode;
+    o.scans.register_buffers = c.register_buffers;
     o.scans.start_delay = std::chrono::milliseconds(c.start_delay_ms);
     auto registry = ScanRegistry::Start(o);
     ASSERT_TRUE(registry.ok()) << registry.status();
@@ -214,32 +215,39 @@ class ShuffledStreamTest : public ::testing::Test {
 };
 
 TEST_F(ShuffledStreamTest, EveryEpochIsAPermutationOfEverySelection) {
-  for (std::optional<int64_t> layer :
-       {std::optional<int64_t>(-2), std::optional<int64_t>()}) {
-    for (TokenSelection tokens :
-         {TokenSelection::kContent, TokenSelection::kSpecial,
-          TokenSelection::kAll}) {
-      StreamSpec spec;
-      spec.layer = layer;
-      spec.tokens = tokens;
-      spec.batch_size = 7;
-      spec.epochs = 2;
-      auto s = Open(spec, 42);
-      ASSERT_NE(s, nullptr);
-      const Drained d = Drain(s.get(), 7, -1, layer.value_or(0));
-      ASSERT_TRUE(d.status.ok()) << d.status;
-      EXPECT_TRUE(d.ended);
-      const std::vector<Row> want = Expected(layer, tokens);
-      const std::vector<Row> first = Epoch(d, 0), second = Epoch(d, 1);
-      ASSERT_EQ(d.rows.size(), 2 * want.size());
-      EXPECT_EQ(Sorted(first), Sorted(want));
-      EXPECT_EQ(Sorted(second), Sorted(want));
-      EXPECT_NE(first, want) << "not shuffled";
-      EXPECT_NE(first, second) << "both epochs in the same order";
+  // Read into the reservoir, and served in place from maps of the shards.
+  for (ScanReadMode mode : {ScanReadMode::kBuffered, ScanReadMode::kMapped}) {
+    EngineConfig c;
+    c.mode = mode;
+    StartEngine(c);
+    for (std::optional<int64_t> layer :
+         {std::optional<int64_t>(-2), std::optional<int64_t>()}) {
+      for (TokenSelection tokens :
+           {TokenSelection::kContent, TokenSelection::kSpecial,
+            TokenSelection::kAll}) {
+        SCOPED_TRACE(mode == ScanReadMode::kMapped ? "mapped" : "buffered");
+        StreamSpec spec;
+        spec.layer = layer;
+        spec.tokens = tokens;
+        spec.batch_size = 7;
+        spec.epochs = 2;
+        auto s = Open(spec, 42);
+        ASSERT_NE(s, nullptr);
+        const Drained d = Drain(s.get(), 7, -1, layer.value_or(0));
+        ASSERT_TRUE(d.status.ok()) << d.status;
+        EXPECT_TRUE(d.ended);
+        const std::vector<Row> want = Expected(layer, tokens);
+        const std::vector<Row> first = Epoch(d, 0), second = Epoch(d, 1);
+        ASSERT_EQ(d.rows.size(), 2 * want.size());
+        EXPECT_EQ(Sorted(first), Sorted(want));
+        EXPECT_EQ(Sorted(second), Sorted(want));
+        EXPECT_NE(first, want) << "not shuffled";
+        EXPECT_NE(first, second) << "both epochs in the same order";
+      }
     }
+    EXPECT_EQ(SlotsInUseWhenSettled(), 0) << "blocks leaked";
+    EXPECT_EQ(reservoir_->slots_reserved(), 0) << "reservation leaked";
   }
-  EXPECT_EQ(SlotsInUseWhenSettled(), 0) << "blocks leaked";
-  EXPECT_EQ(reservoir_->slots_reserved(), 0) << "reservation leaked";
 }
 
 TEST_F(ShuffledStreamTest, AClientAloneGetsTheSameOrderFromTheSameSeed) {
@@ -682,8 +690,14 @@ TEST_F(ShuffledStreamTest, TheReservoirRefusesAStreamItCannotHold) {
   EXPECT_TRUE(Create(spec, 2).ok()) << "the reservation was not returned";
 }
 
-TEST_F(ShuffledStreamTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
+class TruncationTest : public ShuffledStreamTest,
+                       public ::testing::WithParamInterface<ScanReadMode> {};
+
+TEST_P(TruncationTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
+  // Mapped: blocks made before the cut are served from pages that now read
+  // zeros (the file shrank within its first page: no SIGBUS) or fault.
   EngineConfig c;
+  c.mode = GetParam();
   c.lag = 2;    // little read-ahead (and no spare memory to read further),
   c.slots = 6;  // so most blocks are read after the cut
   StartEngine(c);
@@ -718,6 +732,15 @@ TEST_F(ShuffledStreamTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Modes, TruncationTest,
+                         ::testing::Values(ScanReadMode::kBuffered,
+                                           ScanReadMode::kMapped),
+                         [](const auto& info) {
+                           return info.param == ScanReadMode::kMapped
+                                      ? "Mapped"
+                                      : "Buffered";
+                         });
+
 TEST_F(ShuffledStreamTest, DirectIoIntoRegisteredSlotsDeliversTheSameVectors) {
   // 4 KiB vectors (D = 1024), so rows, blocks and slots are page-aligned and
   // the scan reads with O_DIRECT into registered reservoir slots (or falls
@@ -745,7 +768,8 @@ TEST_F(ShuffledStreamTest, DirectIoIntoRegisteredSlotsDeliversTheSameVectors) {
   c.block_bytes = 2 * kBigD * 4;  // 2 vectors per block: 18 blocks
   c.slots = 64;
   c.lag = 8;
-  c.direct_io = true;
+  c.mode = ScanReadMode::kDirect;
+  c.register_buffers = true;
   StartEngine(c);
   StreamSpec spec;
   spec.batch_size = 5;

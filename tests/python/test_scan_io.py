@@ -3,8 +3,9 @@ a real shardcastd: a cold selection of 4 KiB-aligned vectors is read with
 O_DIRECT, once, and the bytes the kernel says the daemon read
 (/proc/<daemon>/io read_bytes, an independent count) stay within 1.05 x the
 selected bytes although the selection is one layer of two; a cached selection
-is copied from the page cache; unaligned vectors are read buffered, without
-read-ahead when the selection has gaps. Every vector is checked against numpy.
+is served from maps of the shards in place (nothing read, nothing copied into
+the reservoir); cold unaligned vectors are read buffered, without read-ahead
+when the selection has gaps. Every vector is checked against numpy.
 """
 
 import mmap
@@ -93,7 +94,7 @@ def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
     assert 0.95 * selected <= read <= 1.05 * selected, (read, selected, read / selected)
 
 
-def test_cached_selection_is_copied_from_the_page_cache(start_daemon, tmp_path):
+def test_cached_selection_is_served_from_the_page_cache_in_place(start_daemon, tmp_path):
     path = synth(tmp_path / "root", "--layers", "6,12", "--tokens", 255, "--cls",
                  "--d-model", 1024, "--examples", 8, "--budget", 8 * 256 * 2, "--seed", 6)
     ref = Reference(path)
@@ -102,17 +103,21 @@ def test_cached_selection_is_copied_from_the_page_cache(start_daemon, tmp_path):
     before = proc_read_bytes(d.pid)
     rows, io = stream_epoch(d, ref, 6, endless=True)  # 4 batches: all fit the slots
     assert_exact_epoch(rows, ref.selection(6), "warm epoch")
-    assert io == "buffered-random", io  # one layer of two: no read-ahead
+    assert io == "mapped", io
     assert proc_read_bytes(d.pid) - before < (1 << 20)
 
 
-def test_unaligned_vectors_are_read_buffered(start_daemon, datasets):
-    # The session's main dataset: D 64 (256-byte vectors), layers 6 and 12.
-    d = start_daemon()
-    ref = datasets.main
+def test_cold_unaligned_vectors_are_read_buffered(start_daemon, tmp_path):
+    # D 64 (256-byte vectors), layers 6 and 12.
+    path = synth(tmp_path / "root", "--layers", "6,12", "--tokens", 16, "--cls",
+                 "--d-model", 64, "--examples", 64, "--budget", 64 * 17 * 2, "--seed", 7)
+    ref = Reference(path)
+    d = start_daemon(roots=[tmp_path / "root"])
+    evict(Path(path).glob("acts*.bin"))
     rows, io = stream_epoch(d, ref, 12, endless=True)
     assert_exact_epoch(rows, ref.selection(12), "one layer")
     assert io == "buffered-random", io
+    evict(Path(path).glob("acts*.bin"))
     rows, io = stream_epoch(d, ref, None, endless=True)
     assert_exact_epoch(rows, ref.selection(None), "all layers")
     assert io == "buffered", io

@@ -1,0 +1,205 @@
+#include "server/io/mapped_file.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace shardcast {
+namespace {
+
+// The SIGBUS guard: which address ranges are maps of ours, readable from a
+// signal handler (lock-free atomics only). Entries are taken and freed
+// under g_table_mu; the handler scans [0, g_high).
+struct GuardEntry {
+  std::atomic<uintptr_t> begin{0};  // 0: free
+  std::atomic<uintptr_t> end{0};
+  std::atomic<uint64_t> faults{0};
+};
+GuardEntry g_entries[MappedFile::kMaxMaps];
+std::atomic<int> g_high{0};
+std::mutex g_table_mu;
+struct sigaction g_previous;
+uintptr_t g_page = 4096;
+std::atomic<bool> g_no_populate{false};
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  const int high = g_high.load(std::memory_order_acquire);
+  for (int i = 0; i < high; ++i) {
+    GuardEntry& e = g_entries[i];
+    const uintptr_t begin = e.begin.load(std::memory_order_acquire);
+    if (begin == 0 || addr < begin ||
+        addr >= e.end.load(std::memory_order_acquire)) {
+      continue;
+    }
+    // Ours: a page of zeros in place of the lost one, so the copy that
+    // touched it completes; the fault count tells the copier to discard it.
+    void* page = reinterpret_cast<void*>(addr & ~(g_page - 1));
+    if (::mmap(page, g_page, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS,
+               -1, 0) != MAP_FAILED) {
+      e.faults.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    break;
+  }
+  // Not a map of ours (or it could not be repaired): what would have
+  // happened without us.
+  if ((g_previous.sa_flags & SA_SIGINFO) != 0 &&
+      g_previous.sa_sigaction != nullptr) {
+    g_previous.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    g_previous.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the fault repeats on return and kills
+}
+
+// Installs the handler once; returns a free entry for [begin, end), or -1.
+int TakeGuardEntry(uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  static const bool installed = [] {
+    g_page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (::sigaction(SIGBUS, &sa, &g_previous) != 0) {
+      LogWarning("cannot install the SIGBUS handler for mapped shards: ",
+                 std::strerror(errno));
+    }
+    return true;
+  }();
+  (void)installed;
+  for (int i = 0; i < MappedFile::kMaxMaps; ++i) {
+    GuardEntry& e = g_entries[i];
+    if (e.begin.load(std::memory_order_relaxed) != 0) continue;
+    e.faults.store(0, std::memory_order_relaxed);
+    e.end.store(end, std::memory_order_relaxed);
+    e.begin.store(begin, std::memory_order_release);
+    if (i >= g_high.load(std::memory_order_relaxed)) {
+      g_high.store(i + 1, std::memory_order_release);
+    }
+    return i;
+  }
+  return -1;
+}
+
+void FreeGuardEntry(int i) {
+  std::lock_guard<std::mutex> lock(g_table_mu);
+  g_entries[i].begin.store(0, std::memory_order_release);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(int fd,
+                                                            uint64_t size,
+                                                            std::string path) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t mapped =
+      std::max<uint64_t>(page, (size + page - 1) / page * page);
+  void* p = ::mmap(nullptr, mapped, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoToStatus(errno, absl::StrCat("mmap ", path));
+  }
+  char* base = static_cast<char*>(p);
+  UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!own.valid()) {
+    const int e = errno;
+    ::munmap(p, mapped);
+    return ErrnoToStatus(e, absl::StrCat("dup ", path));
+  }
+  const int guard = TakeGuardEntry(reinterpret_cast<uintptr_t>(base),
+                                   reinterpret_cast<uintptr_t>(base) + mapped);
+  if (guard < 0) {
+    ::munmap(p, mapped);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", path, ": ", kMaxMaps,
+                     " shard files are mapped already"));
+  }
+  return std::unique_ptr<MappedFile>(new MappedFile(
+      base, size, mapped, std::move(path), guard, std::move(own)));
+}
+
+MappedFile::MappedFile(char* base, uint64_t size, uint64_t mapped,
+                       std::string path, int guard, UniqueFd fd)
+    : base_(base),
+      size_(size),
+      mapped_(mapped),
+      path_(std::move(path)),
+      guard_(guard),
+      fd_(std::move(fd)) {}
+
+MappedFile::~MappedFile() {
+  FreeGuardEntry(guard_);
+  ::munmap(base_, mapped_);
+}
+
+absl::Status MappedFile::Populate(uint64_t offset, uint64_t length) const {
+  if (length == 0 || g_no_populate.load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
+  }
+  if (offset > size_ || length > size_ - offset) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": bytes [", offset, ", ", offset + length,
+                     ") are beyond its end (", size_, " bytes when mapped)"));
+  }
+  const uint64_t begin = offset / g_page * g_page;
+  const uint64_t end = offset + length;
+  while (true) {
+    if (::madvise(base_ + begin, end - begin, MADV_POPULATE_READ) == 0) {
+      return absl::OkStatus();
+    }
+    const int e = errno;
+    if (e == EINTR || e == EAGAIN) continue;
+    if (e == EINVAL) {  // a kernel before 5.14: touches fault pages in
+      g_no_populate.store(true, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    const std::string range = absl::StrCat("bytes [", offset, ", ", end, ")");
+    if (e == EFAULT) {
+      return absl::DataLossError(
+          absl::StrCat(path_, ": ", range,
+                       " are gone (the file shrank after it was opened)"));
+    }
+    return absl::DataLossError(
+        absl::StrCat(path_, ": cannot read ", range, ": ", std::strerror(e)));
+  }
+}
+
+void MappedFile::Unmap(uint64_t offset, uint64_t length) const {
+  // Whole pages inside the range only: a page shared with a neighbouring
+  // range stays (it is dropped with that one, or with the map).
+  const uint64_t begin = (offset + g_page - 1) / g_page * g_page;
+  const uint64_t end = std::min(offset + length, mapped_) / g_page * g_page;
+  if (end > begin) ::madvise(base_ + begin, end - begin, MADV_DONTNEED);
+}
+
+void MappedFile::AdviseRandom() const {
+  ::madvise(base_, mapped_, MADV_RANDOM);
+}
+
+absl::StatusOr<uint64_t> MappedFile::CurrentSize() const {
+  struct stat st;
+  if (::fstat(fd_.get(), &st) != 0) return ErrnoToStatus(errno, path_);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+uint64_t MappedFile::faults() const {
+  return g_entries[guard_].faults.load(std::memory_order_acquire);
+}
+
+}  // namespace shardcast
