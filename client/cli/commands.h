@@ -50,6 +50,23 @@ Command BenchCommand();
 /// without --server.
 Command DoctorCommand();
 
+/// `import pkl DIR ROOT`: converts seed-002 pickle.gz activation shards into
+/// a saev dataset (import_command.cc).
+Command ImportCommand();
+
+/// `export safetensors DIR OUT`: one layer's selected vectors of a local
+/// dataset as a safetensors file (export_command.cc).
+Command ExportCommand();
+
+/// `info` on a safetensors file or an lmprobe dataset directory rather than
+/// a saev dataset (safetensors_info.cc): true when `path` is a regular file,
+/// or a directory that looks like an lmprobe dataset (common/lmprobe.h).
+bool IsSafetensorsOrLmprobe(const std::string& path);
+/// Prints the header of a safetensors file, or the description of an
+/// lmprobe dataset directory; returns the exit code.
+int InfoSafetensorsOrLmprobe(const char* command, const std::string& path,
+                             bool json);
+
 /// Prints vectors as `get` does: rows < 0 means one vector of d floats;
 /// otherwise a [rows, d] matrix. JSON arrays with --json, raw little-endian
 /// float32 with `raw`, else space-separated text. Returns the exit code.

@@ -305,6 +305,10 @@ int RunInfo(const Args& args) {
   const char* cmd = "info";
   if (args.positional().size() != 1)
     return Usage(cmd, "expected one dataset DIR");
+  if (IsSafetensorsOrLmprobe(args.positional()[0])) {
+    return InfoSafetensorsOrLmprobe(cmd, args.positional()[0],
+                                    args.Has("json"));
+  }
   auto info = ReadDatasetInfo(args.positional()[0]);
   if (!info.ok()) return Fail(cmd, std::string(info.status().message()));
   const DatasetDesc& d = info->desc;
@@ -561,11 +565,17 @@ std::vector<Command> LocalCommands() {
         json},
        RunWrite},
       {"info",
-       "info DIR [--json]",
-       "describe a dataset (any protocol variant)",
+       "info DIR|FILE.safetensors [--json]",
+       "describe a dataset (any protocol variant, lmprobe, safetensors)",
        "Parses metadata.json and shards.json (protocol 1.0.0/1.1, 2.1, or 2.1 "
        "as saev writes it) and prints the dataset's shape, shards and content "
-       "hash. Does not read shard files; use `verify` for that.",
+       "hash. Does not read shard files; use `verify` for that.\n"
+       "Given an lmprobe dataset directory (lmprobe_info.json and/or "
+       "tensors/*.safetensors, no metadata.json), reads and validates every "
+       "shard's safetensors header and prints the layers, rows, dim, dtype, "
+       "storage and the byte range of every layer's tensor in every shard, "
+       "and what is not available without the parquet index (which is not "
+       "read). Given a file, validates and prints its safetensors header.",
        {json},
        RunInfo},
       {"verify",
