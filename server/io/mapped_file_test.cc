@@ -1,0 +1,114 @@
+#include "server/io/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/file.h"
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace {
+
+constexpr uint64_t kBytes = 1 << 20;
+
+class MappedFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = JoinPath(::testing::TempDir(), "mapped_file_test.bin");
+    bytes_.resize(kBytes);
+    std::mt19937 rng(5);
+    for (auto& b : bytes_) b = static_cast<char>(rng() | 1);  // never zero
+    auto fd = OpenFile(path_, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(WriteFull(fd->get(), bytes_.data(), bytes_.size(), path_).ok());
+    fd_ = std::move(*fd);
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+
+  std::unique_ptr<MappedFile> Map() {
+    auto m = MappedFile::Map(fd_.get(), kBytes, path_);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? std::move(*m) : nullptr;
+  }
+
+  std::string path_;
+  std::vector<char> bytes_;
+  UniqueFd fd_;
+};
+
+TEST_F(MappedFileTest, TheMapHoldsTheFileAndPopulatesWithoutFaults) {
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->Populate(0, kBytes).ok());
+  EXPECT_EQ(std::memcmp(m->data(), bytes_.data(), kBytes), 0);
+  EXPECT_EQ(m->faults(), 0u);
+  // Dropping pages from the page tables keeps the data readable.
+  m->Unmap(4096, 64 * 1024);
+  EXPECT_EQ(std::memcmp(m->data(), bytes_.data(), kBytes), 0);
+}
+
+TEST_F(MappedFileTest, PopulatingBeyondTheEndIsDataLoss) {
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  absl::Status st = m->Populate(kBytes - 4096, 8192);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find(path_), std::string::npos) << st;
+}
+
+TEST_F(MappedFileTest, PopulatingWhatAShrunkFileLostIsDataLossNotSigbus) {
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(::ftruncate(fd_.get(), kBytes / 2), 0);
+  EXPECT_TRUE(m->Populate(0, kBytes / 4).ok());
+  absl::Status st = m->Populate(kBytes / 2, 8192);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("shrank"), std::string::npos) << st;
+  EXPECT_EQ(m->faults(), 0u);
+}
+
+TEST_F(MappedFileTest, TouchingWhatAShrunkFileLostReadsZerosAndCountsAFault) {
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->Populate(0, kBytes).ok());
+  ASSERT_EQ(::ftruncate(fd_.get(), kBytes / 2), 0);
+  std::vector<char> copy(kBytes);
+  std::memcpy(copy.data(), m->data(), kBytes);  // SIGBUS, repaired
+  EXPECT_GE(m->faults(), 1u);
+  EXPECT_EQ(std::memcmp(copy.data(), bytes_.data(), kBytes / 2), 0);
+  for (uint64_t i = kBytes / 2; i < kBytes; i += 4096) {
+    ASSERT_EQ(copy[i], 0) << "byte " << i;
+  }
+  // Another map of the same kind keeps its own count.
+  auto other = MappedFile::Map(fd_.get(), kBytes / 2, path_);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->faults(), 0u);
+}
+
+TEST_F(MappedFileTest, ASigbusOutsideEveryMapStillKills) {
+  auto m = Map();  // installs the handler
+  ASSERT_NE(m, nullptr);
+  EXPECT_DEATH(
+      {
+        void* p = ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd_.get(), 0);
+        if (p == MAP_FAILED) std::abort();
+        if (::ftruncate(fd_.get(), 0) != 0) std::abort();
+        volatile const char* c = static_cast<const char*>(p);
+        (void)c[kBytes - 1];
+      },
+      "");
+}
+
+TEST(MappedFileErrors, AnUnmappableDescriptorSaysWhich) {
+  auto m = MappedFile::Map(-1, 4096, "/no/such/shard");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("/no/such/shard"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardcast
