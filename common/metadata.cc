@@ -38,28 +38,6 @@ FieldNames NamesFor(Variant variant) {
   return {};
 }
 
-absl::string_view TypeName(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      return "an integer";
-    case Json::value_t::number_float:
-      return "a float";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "an unsupported value";
-  }
-}
-
 absl::StatusOr<const Json*> Field(const Json& obj, absl::string_view source,
                                   const char* name) {
   auto it = obj.find(name);
@@ -79,7 +57,7 @@ absl::StatusOr<int64_t> IntField(const Json& obj, absl::string_view source,
   if (!v->is_number_integer()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": field '", name, "' must be an integer, got ",
-                     TypeName(*v), " (", v->dump(), ")"));
+                     JsonTypeName(*v), " (", v->dump(), ")"));
   }
   if (v->is_number_unsigned() &&
       v->get<uint64_t>() >
@@ -108,7 +86,7 @@ absl::StatusOr<std::string> StringField(const Json& obj,
   if (!v->is_string()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": field '", name, "' must be a string, got ",
-                     TypeName(*v), " (", v->dump(), ")"));
+                     JsonTypeName(*v), " (", v->dump(), ")"));
   }
   return v->get<std::string>();
 }
@@ -190,7 +168,7 @@ absl::StatusOr<DatasetDesc> ParseMetadata(const Json& m,
                                           absl::string_view source) {
   if (!m.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": must hold a JSON object, got ", TypeName(m)));
+        absl::StrCat(source, ": must hold a JSON object, got ", JsonTypeName(m)));
   }
   DatasetDesc d;
   d.metadata = m;
@@ -329,7 +307,7 @@ absl::Status ParseShards(const Json& shards, absl::string_view source,
   if (!shards.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": must hold a JSON array of {name, n_examples} objects, got ",
-        TypeName(shards)));
+        JsonTypeName(shards)));
   }
   const char* count_key = d->variant == Variant::kV1 ? "n_imgs" : "n_examples";
   const char* other_key = d->variant == Variant::kV1 ? "n_examples" : "n_imgs";

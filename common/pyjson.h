@@ -38,6 +38,10 @@ struct PyJsonOptions {
 absl::StatusOr<Json> ParseJson(absl::string_view text,
                                absl::string_view source);
 
+/// "null", "a boolean", "an integer", "a float", "a string", "an array",
+/// "an object": what a value is, for error messages.
+absl::string_view JsonTypeName(const Json& v);
+
 /// Returns what Python's json.dumps(value, **options) returns, byte for byte.
 std::string PyJsonDumps(const Json& value, const PyJsonOptions& options = {});
 

@@ -54,6 +54,10 @@ Command DoctorCommand();
 /// a saev dataset (import_command.cc).
 Command ImportCommand();
 
+/// `stats DIR`: per-layer norms and means of a local dataset, kept in the
+/// checksummed sidecar DIR/shardcast_stats.json (stats_command.cc).
+Command StatsCommand();
+
 /// `export safetensors DIR OUT`: one layer's selected vectors of a local
 /// dataset as a safetensors file (export_command.cc).
 Command ExportCommand();

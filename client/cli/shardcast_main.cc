@@ -56,6 +56,7 @@ void PrintTopHelp(const std::vector<Command>& local,
 int Main(int argc, char** argv) {
   std::vector<Command> local = LocalCommands();
   local.push_back(ImportCommand());
+  local.push_back(StatsCommand());
   local.push_back(ExportCommand());
   std::vector<Command> remote = RemoteCommands();
   // Global options come before the command.
