@@ -185,7 +185,24 @@ v1::StreamRequest ToProto(const StreamRequest& r) {
   out.set_drop_last(r.drop_last);
   for (uint32_t l : r.exclude_labels) out.add_exclude_labels(l);
   out.set_resume_token(r.resume_token);
+  out.set_scale_norm(r.scale_norm);
+  out.set_center(r.center);
+  out.set_dtype(static_cast<v1::DType>(r.dtype));
   return out;
+}
+
+// Bytes per element of a batch's vectors; 0 for a dtype this client does
+// not know.
+int64_t ElementBytes(const v1::Batch& b) {
+  switch (b.dtype()) {
+    case v1::DTYPE_FLOAT32:
+      return 4;
+    case v1::DTYPE_BFLOAT16:
+    case v1::DTYPE_FLOAT16:
+      return 2;
+    default:
+      return 0;
+  }
 }
 
 // Whether `column` holds `rows` entries of `width` bytes.
@@ -204,17 +221,23 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number,
                         const internal_client::ClientRegion* region = nullptr) {
   const int64_t rows = b.rows();
   const int64_t d_model = b.d_model();
+  const int64_t element = ElementBytes(b);
   bool vectors_ok;
-  if (region != nullptr) {
+  if (element == 0) {
+    vectors_ok = false;
+  } else if (region != nullptr) {
     vectors_ok = b.has_slot() && b.slot() < region->slots() &&
                  b.vectors().empty() && rows >= 0 && d_model >= 0 &&
-                 (d_model == 0 || static_cast<uint64_t>(rows) <=
-                                      region->slot_bytes() / 4 /
-                                          static_cast<uint64_t>(d_model));
+                 (d_model == 0 ||
+                  static_cast<uint64_t>(rows) <=
+                      region->slot_bytes() / static_cast<uint64_t>(element) /
+                          static_cast<uint64_t>(d_model));
   } else {
-    vectors_ok = d_model == 0 ? rows >= 0 && b.vectors().empty()
-                              : d_model > 0 && d_model <= INT64_MAX / 4 &&
-                                    HoldsRows(b.vectors(), rows, d_model * 4);
+    vectors_ok =
+        d_model == 0
+            ? rows >= 0 && b.vectors().empty()
+            : d_model > 0 && d_model <= INT64_MAX / 4 &&
+                  HoldsRows(b.vectors(), rows, d_model * element);
   }
   const bool layer_ok = b.layer().empty() || HoldsRows(b.layer(), rows, 8);
   const bool labels_ok = b.labels().empty() || HoldsRows(b.labels(), rows, 1);
@@ -224,8 +247,9 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number,
   }
   std::string message = absl::StrCat(
       "batch ", number, " (epoch ", b.epoch(), ", index ", b.index(),
-      ") is malformed: ", rows, " rows, d_model ", d_model, ", ",
-      b.vectors().size(), " vector bytes, ", b.example_idx().size(),
+      ") is malformed: ", rows, " rows, d_model ", d_model, ", dtype ",
+      static_cast<int>(b.dtype()), ", ", b.vectors().size(),
+      " vector bytes, ", b.example_idx().size(),
       " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
   if (region != nullptr) {
     absl::StrAppend(
@@ -323,15 +347,33 @@ int64_t Batch::epoch() const { return BatchAccess::Message(*this).epoch(); }
 int64_t Batch::index() const { return BatchAccess::Message(*this).index(); }
 int64_t Batch::rows() const { return BatchAccess::Message(*this).rows(); }
 int64_t Batch::d_model() const { return BatchAccess::Message(*this).d_model(); }
-absl::Span<const float> Batch::vectors() const {
+absl::Span<const char> Batch::vector_bytes() const {
+  const v1::Batch& m = BatchAccess::Message(*this);
   if (rep_ != nullptr && rep_->slot >= 0) {
-    const v1::Batch& m = rep_->message;
-    return absl::Span<const float>(
-        reinterpret_cast<const float*>(
-            rep_->ledger->region->slot_data(static_cast<uint32_t>(rep_->slot))),
-        static_cast<size_t>(m.rows() * m.d_model()));
+    return absl::Span<const char>(
+        rep_->ledger->region->slot_data(static_cast<uint32_t>(rep_->slot)),
+        static_cast<size_t>(m.rows() * m.d_model() * ElementBytes(m)));
   }
-  return View<float>(BatchAccess::Message(*this).vectors());
+  return absl::Span<const char>(m.vectors().data(), m.vectors().size());
+}
+absl::Span<const float> Batch::vectors() const {
+  if (dtype() != StreamRequest::DType::kFloat32) return {};
+  const absl::Span<const char> bytes = vector_bytes();
+  return absl::Span<const float>(reinterpret_cast<const float*>(bytes.data()),
+                                 bytes.size() / 4);
+}
+absl::Span<const uint16_t> Batch::vectors16() const {
+  if (dtype() == StreamRequest::DType::kFloat32) return {};
+  const absl::Span<const char> bytes = vector_bytes();
+  return absl::Span<const uint16_t>(
+      reinterpret_cast<const uint16_t*>(bytes.data()), bytes.size() / 2);
+}
+StreamRequest::DType Batch::dtype() const {
+  return static_cast<StreamRequest::DType>(
+      BatchAccess::Message(*this).dtype());
+}
+const std::string& Batch::transform() const {
+  return BatchAccess::Message(*this).transform();
 }
 absl::Span<const int64_t> Batch::example_idx() const {
   return View<int64_t>(BatchAccess::Message(*this).example_idx());

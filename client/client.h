@@ -171,6 +171,13 @@ struct StreamRequest {
   // From Batch::resume_token() of an interrupted stream; empty: from the
   // start.
   std::string resume_token;
+  // Transforms the daemon applies while gathering each batch (see
+  // shardcast.proto, StreamRequest.scale_norm): mean-centering, scaling to
+  // a mean L2 norm of sqrt(d_model), and the element type delivered.
+  bool scale_norm = false;
+  bool center = false;
+  enum class DType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+  DType dtype = DType::kFloat32;
 };
 
 namespace internal_client {
@@ -207,8 +214,18 @@ class Batch {
   int64_t rows() const;
   /// Floats per vector.
   int64_t d_model() const;
-  /// [rows, d_model] float32, row-major.
+  /// [rows, d_model] float32, row-major; empty when the stream asked for a
+  /// 16-bit dtype (see vectors16()).
   absl::Span<const float> vectors() const;
+  /// The element type of the vectors, and the transform the daemon applied
+  /// ("float32", "scale_norm, bfloat16 (statistics from ...)").
+  StreamRequest::DType dtype() const;
+  const std::string& transform() const;
+  /// [rows, d_model] bfloat16 or float16 bit patterns, row-major, for
+  /// streams of those dtypes; empty for float32.
+  absl::Span<const uint16_t> vectors16() const;
+  /// The vectors' bytes whatever their type: rows * d_model * element size.
+  absl::Span<const char> vector_bytes() const;
   /// [rows] example index of each row.
   absl::Span<const int64_t> example_idx() const;
   /// [rows] content token index of each row; -1 for the CLS token.

@@ -194,6 +194,19 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
     }
   }
   if (args.Has("layer")) req.layer = *layer;
+  const std::string dtype = args.Get("dtype", "float32");
+  if (dtype == "float32") {
+    req.dtype = StreamRequest::DType::kFloat32;
+  } else if (dtype == "bfloat16") {
+    req.dtype = StreamRequest::DType::kBFloat16;
+  } else if (dtype == "float16") {
+    req.dtype = StreamRequest::DType::kFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        "--dtype takes float32, bfloat16 or float16");
+  }
+  req.scale_norm = args.Has("scale-norm");
+  req.center = args.Has("center");
   const std::string tokens = args.Get("tokens", "content");
   if (tokens == "content") {
     req.tokens = StreamRequest::Tokens::kContent;
@@ -289,7 +302,7 @@ int RunStream(const Args& args) {
   while (stream->Next(&b)) {
     ++batches;
     vectors += b.rows();
-    bytes += b.vectors().size() * sizeof(float);
+    bytes += b.vector_bytes().size();
     last_token = b.resume_token();
     if (checker) checker->AddBatch(b);
     if (*max_batches > 0 && batches >= *max_batches) {
@@ -550,6 +563,14 @@ std::vector<OptionSpec> StreamRequestOptions() {
       {"drop-last", nullptr, "drop each epoch's short last batch"},
       {"exclude-labels", "L1,L2,...",
        "drop content tokens with these labels (labels.bin, 0-255)"},
+      {"dtype", "T",
+       "element type delivered: float32 (default), bfloat16 or float16 "
+       "(rounded to nearest even by the daemon)"},
+      {"scale-norm", nullptr,
+       "scale each layer's vectors to a mean L2 norm of sqrt(d_model), with "
+       "the dataset's statistics (`shardcast stats`)"},
+      {"center", nullptr, "subtract each layer's mean vector (statistics as "
+       "for --scale-norm)"},
       {"max-batches", "N",
        "stop after N batches, cancelling the stream (to resume it later)"},
       {"check", nullptr,

@@ -30,6 +30,10 @@ struct StreamBatch {
   std::string layer;        // int64 LE [rows] when all layers, else empty
   std::string labels;       // uint8 [rows] when labels exist (255 = CLS)
   std::string resume_token;
+  /// The stream's output type and transform (BatchShape's), for the wire:
+  /// 0 float32, 1 bfloat16, 2 float16 (OutputDType's order).
+  int dtype = 0;
+  std::string transform;
 };
 
 /// Sizes a batch's metadata fields for `rows` vectors: the layer column only

@@ -10,9 +10,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "server/engine/batch.h"
+#include "server/engine/transform.h"
 
 namespace shardcast {
 
@@ -20,7 +23,10 @@ namespace shardcast {
 struct BatchShape {
   int64_t batch_size = 0;  // rows of a full batch
   int64_t d_model = 0;
-  uint64_t vector_bytes = 0;  // d_model * 4
+  /// Bytes of one delivered vector: d_model * 4, or * 2 for 16-bit output.
+  uint64_t vector_bytes = 0;
+  OutputDType dtype = OutputDType::kFloat32;
+  std::string transform = "float32";  // VectorTransform::name()
   /// Vectors this client gets per epoch (its partition); -1 when a label
   /// filter makes it unknown until the labels are read.
   int64_t vectors_per_epoch = 0;
@@ -55,8 +61,19 @@ class BatchSource {
 
   const BatchShape& shape() const { return shape_; }
 
+  /// Applies `transform` to every vector from the next batch on (instead of
+  /// the plain float32 copy); the shape's vector_bytes, dtype and transform
+  /// follow it. Call before the first Next.
+  void SetTransform(VectorTransform transform) {
+    transform_ = std::move(transform);
+    shape_.vector_bytes = transform_.out_vector_bytes(shape_.d_model);
+    shape_.dtype = transform_.dtype();
+    shape_.transform = transform_.name();
+  }
+
  protected:
   BatchShape shape_;
+  VectorTransform transform_;
 };
 
 }  // namespace shardcast

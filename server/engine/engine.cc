@@ -1,5 +1,7 @@
 #include "server/engine/engine.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -24,6 +26,8 @@ class SealedSource final : public BatchSource {
     absl::StatusOr<Fill> fill = inner_->Next(dest, out, std::move(waker));
     if (fill.ok() && *fill == Fill::kBatch) {
       out->resume_token = sealer_->Seal(out->resume_token);
+      out->dtype = static_cast<int>(shape_.dtype);
+      out->transform = shape_.transform;
     }
     return fill;
   }
@@ -83,18 +87,38 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(o.dataset));
   const DatasetDesc& d = reader->desc();
-  const uint64_t vb = d.vector_bytes();
+  const uint64_t vb = static_cast<uint64_t>(d.d_model) *
+                      OutputDTypeBytes(o.spec.transform.dtype);
   if (o.max_batch_bytes > 0 && o.spec.batch_size > 0 &&
       static_cast<uint64_t>(o.spec.batch_size) > o.max_batch_bytes / vb) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size ", o.spec.batch_size, " x d_model ", d.d_model,
-                     " x 4 bytes exceeds the ", o.max_batch_bytes >> 20,
+                     " x ", OutputDTypeBytes(o.spec.transform.dtype),
+                     " bytes exceeds the ", o.max_batch_bytes >> 20,
                      " MiB a batch may hold on this connection; use at most ",
                      o.max_batch_bytes / vb, " vectors per batch"));
   }
   std::string token;
   if (!o.resume_token.empty()) {
     ASSIGN_OR_RETURN(token, tokens_.Open(o.resume_token));
+  }
+  // The transform first: computing statistics is the slow part, and a
+  // stream that cannot have them must not join a scan.
+  VectorTransform transform;
+  if (o.spec.transform.needs_stats() ||
+      o.spec.transform.dtype != OutputDType::kFloat32) {
+    StatsEntry stats;
+    if (o.spec.transform.needs_stats()) {
+      ASSIGN_OR_RETURN(stats, Stats(*reader));
+    }
+    const StatsGroup group =
+        o.spec.tokens == TokenSelection::kContent   ? StatsGroup::kContent
+        : o.spec.tokens == TokenSelection::kSpecial ? StatsGroup::kSpecial
+                                                    : StatsGroup::kAll;
+    ASSIGN_OR_RETURN(transform,
+                     VectorTransform::Create(o.spec.transform, d,
+                                             stats.stats.get(), group,
+                                             stats.origin));
   }
   const std::string id = reader->info().dir_name;
   std::unique_ptr<BatchSource> source;
@@ -107,7 +131,40 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
                      OrderedStream::Create(std::move(reader), id, o.spec, token,
                                            &ordered_bytes_read_));
   }
+  source->SetTransform(std::move(transform));
   return std::make_unique<SealedSource>(std::move(source), &tokens_);
+}
+
+absl::StatusOr<Engine::StatsEntry> Engine::Stats(const DatasetReader& reader) {
+  const DatasetInfo& info = reader.info();
+  const std::string key = absl::StrCat(info.dir, "\n", info.hash);
+  MutexLock lock(&stats_mu_);
+  auto it = stats_.find(key);
+  if (it != stats_.end()) return it->second;
+  StatsEntry entry;
+  absl::StatusOr<DatasetStats> read = ReadStatsSidecar(info);
+  if (read.ok()) {
+    entry.origin = absl::StrCat("statistics from ", kStatsFile);
+    entry.stats = std::make_shared<const DatasetStats>(std::move(*read));
+  } else if (read.status().code() == absl::StatusCode::kNotFound) {
+    LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
+            "; computing its statistics for scale_norm/center now (a full "
+            "read of ", info.desc.n_examples * info.desc.example_bytes() >> 20,
+            " MiB; `shardcast stats ", info.dir, "` stores them)");
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(DatasetStats computed, ComputeDatasetStats(reader));
+    const double seconds = std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+    LogInfo("dataset ", info.dir_name, ": statistics computed in ", seconds,
+            " s");
+    entry.origin = "statistics computed on first use";
+    entry.stats = std::make_shared<const DatasetStats>(std::move(computed));
+  } else {
+    return read.status();
+  }
+  stats_.emplace(key, entry);
+  return entry;
 }
 
 MemoryLease::~MemoryLease() {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "server/engine/batch_source.h"
+#include "common/mutex.h"
+#include "common/stats.h"
 #include "server/engine/catalog.h"
 #include "server/engine/engine_status.h"
 #include "server/engine/query.h"
@@ -115,6 +118,19 @@ class Engine {
   /// The engine's figures now (reservoir, scans, bytes read, datasets).
   EngineFigures Figures() const;
 
+  /// A dataset's statistics (common/stats.h) for scale_norm and center:
+  /// its sidecar when present and valid, else computed now from the data
+  /// (a full read of the dataset, logged; kept in memory, never written
+  /// into the roots) and cached for the daemon's life. `origin` says which.
+  /// Errors of ReadStatsSidecar (other than NOT_FOUND) and of
+  /// ComputeDatasetStats. Blocks the calling thread while computing.
+  struct StatsEntry {
+    std::shared_ptr<const DatasetStats> stats;
+    std::string origin;  // "statistics from shardcast_stats.json", ...
+  };
+  absl::StatusOr<StatsEntry> Stats(const DatasetReader& reader)
+      ABSL_LOCKS_EXCLUDED(stats_mu_);
+
  private:
   explicit Engine(EngineOptions options);
 
@@ -126,6 +142,9 @@ class Engine {
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};
+  /// Statistics by dataset directory; one computation at a time.
+  Mutex stats_mu_;
+  std::map<std::string, StatsEntry> stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace shardcast

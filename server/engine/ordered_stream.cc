@@ -92,7 +92,17 @@ absl::StatusOr<BatchSource::Fill> OrderedStream::Next(
 absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
   const DatasetDesc& d = reader_->desc();
   const uint64_t vb = d.vector_bytes();
-  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, vb));
+  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, shape_.vector_bytes));
+  // Reads go straight into the destination, unless the vectors are
+  // transformed: then into a scratch batch, transformed into the
+  // destination after the reads.
+  const bool in_place = transform_.identity();
+  char* into = dest.data;
+  if (!in_place) {
+    scratch_.resize(static_cast<size_t>(spec_.batch_size) * vb);
+    row_layers_.resize(static_cast<size_t>(spec_.batch_size));
+    into = scratch_.data();
+  }
   const bool filter = !spec_.exclude_labels.empty();
   const bool has_labels = reader_->info().has_labels;
   const int64_t k = sel_.vectors_per_row;
@@ -136,7 +146,7 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
           op.offset = row_start.offset + static_cast<uint64_t>(run_start) * vb;
           op.length = static_cast<size_t>(end - run_start) * vb;
           op.dest =
-              dest.data + static_cast<size_t>(filled - (end - run_start)) * vb;
+              into + static_cast<size_t>(filled - (end - run_start)) * vb;
           ops.push_back(op);
           run_start = -1;
         };
@@ -155,6 +165,9 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
           if (run_start < 0) run_start = j;
           SetBatchRow(out, static_cast<size_t>(filled), example, content,
                       layer_value, label);
+          if (!in_place) {
+            row_layers_[static_cast<size_t>(filled)] = sel_.layer_of(row);
+          }
           ++filled;
         }
         flush(j);
@@ -163,6 +176,14 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
       RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
       if (disk_bytes_ != nullptr) {
         for (const ReadOp& op : ops) *disk_bytes_ += op.length;
+      }
+      if (!in_place) {
+        for (int64_t i = 0; i < filled; ++i) {
+          transform_.Apply(
+              dest.data + static_cast<size_t>(i) * shape_.vector_bytes,
+              into + static_cast<size_t>(i) * vb, d.d_model,
+              row_layers_[static_cast<size_t>(i)]);
+        }
       }
     }
     if (filled > 0 && (filled == spec_.batch_size || !spec_.drop_last)) {

@@ -64,6 +64,9 @@ class OrderedStream final : public BatchSource {
   int64_t batch_index_ = 0;
   std::atomic<uint64_t>* disk_bytes_ = nullptr;
   bool exclude_[256] = {};  // labels to drop
+  // Transformed streams: the batch as read, and each row's layer index.
+  std::vector<char> scratch_;
+  std::vector<int64_t> row_layers_;
 };
 
 }  // namespace shardcast

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/dataset.h"
 #include "common/metadata.h"
+#include "server/engine/transform.h"
 
 namespace shardcast {
 
@@ -29,6 +30,9 @@ struct StreamSpec {
   /// Drop content tokens whose label (labels.bin) is in this set. CLS tokens
   /// have no label and are never dropped.
   std::vector<uint8_t> exclude_labels;
+  /// Centering, scale_norm and the output type (transform.h); the engine
+  /// turns it into the source's VectorTransform.
+  TransformSpec transform;
 };
 
 /// Checks the fields every stream shares: batch_size >= 1, epochs >= 0,

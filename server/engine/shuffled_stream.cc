@@ -247,11 +247,11 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   const Block& b = *a.block;
   const DatasetDesc& d = reader_->desc();
   const Selection& sel = layout_.sel;
-  const uint64_t vb = layout_.vector_bytes;
   const size_t at = static_cast<size_t>(i);
-  copies_.push_back({dest.data + at * vb, b.vector(e.local)});
   const int64_t g = b.first_vector + e.local;
   const int64_t row = g / sel.vectors_per_row;
+  copies_.push_back({dest.data + at * shape_.vector_bytes, b.vector(e.local),
+                     sel.layer_of(row)});
   const int64_t example = sel.example_of(row);
   const int32_t content = static_cast<int32_t>(
       sel.token_begin + g % sel.vectors_per_row - (d.cls_token ? 1 : 0));
@@ -279,7 +279,12 @@ absl::Status ShuffledStream::Copy() {
       const char* next = copies_[k + kAhead].src;
       for (size_t o = 0; o < vb; o += 64) __builtin_prefetch(next + o);
     }
-    std::memcpy(copies_[k].dst, copies_[k].src, vb);
+    if (transform_.identity()) {
+      std::memcpy(copies_[k].dst, copies_[k].src, vb);
+    } else {
+      transform_.Apply(copies_[k].dst, copies_[k].src, shape_.d_model,
+                       copies_[k].layer_index);
+    }
   }
   const bool copied = !copies_.empty();
   copies_.clear();
@@ -308,8 +313,7 @@ absl::StatusOr<BatchSource::Fill> ShuffledStream::Next(
 
 absl::StatusOr<BatchSource::Fill> ShuffledStream::Assemble(
     VectorDest dest, StreamBatch* out, std::function<void()> waker) {
-  const uint64_t vb = layout_.vector_bytes;
-  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, vb));
+  RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, shape_.vector_bytes));
   const bool all_layers = layout_.sel.layer_index < 0;
   const bool labels = reader_->info().has_labels;
   while (true) {
@@ -335,7 +339,7 @@ absl::StatusOr<BatchSource::Fill> ShuffledStream::Assemble(
       ++batch_index_;
       in_batch_ = false;
       out->resume_token = ResumeToken();
-      sub_->scan()->AddDelivered(sub_->id(), n * vb);
+      sub_->scan()->AddDelivered(sub_->id(), n * shape_.vector_bytes);
       return Fill::kBatch;
     }
     // The epoch is over: nothing left, or only a short batch to drop.

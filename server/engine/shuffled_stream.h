@@ -113,6 +113,7 @@ class ShuffledStream final : public BatchSource {
   struct PendingCopy {
     char* dst;
     const char* src;
+    int64_t layer_index;  // for the transform
   };
   std::vector<PendingCopy> copies_;
   std::vector<BlockRef> retired_;  // emptied by those draws; kept until copied

@@ -35,6 +35,8 @@ void BatchHeader(StreamBatch& b, int64_t d_model, v1::Batch* header) {
   header->set_layer(std::move(b.layer));
   header->set_labels(std::move(b.labels));
   header->set_resume_token(std::move(b.resume_token));
+  header->set_dtype(static_cast<v1::DType>(b.dtype));
+  header->set_transform(b.transform);
 }
 
 }  // namespace

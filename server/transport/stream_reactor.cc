@@ -37,6 +37,23 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
     }
     spec.exclude_labels.push_back(static_cast<uint8_t>(l));
   }
+  switch (req.dtype()) {
+    case v1::DTYPE_FLOAT32:
+      spec.transform.dtype = OutputDType::kFloat32;
+      break;
+    case v1::DTYPE_BFLOAT16:
+      spec.transform.dtype = OutputDType::kBFloat16;
+      break;
+    case v1::DTYPE_FLOAT16:
+      spec.transform.dtype = OutputDType::kFloat16;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype: ", static_cast<int>(req.dtype()),
+                       " is not one of 0 (float32), 1 (bfloat16), 2 (float16)"));
+  }
+  spec.transform.scale_norm = req.scale_norm();
+  spec.transform.center = req.center();
   o.order = req.order() == v1::ORDER_ORDERED ? StreamOrder::kOrdered
                                              : StreamOrder::kShuffled;
   o.seed = req.seed();
@@ -260,7 +277,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
             shape.vectors_per_epoch < 0
                 ? std::string("(label-filtered)")
                 : std::to_string(shape.vectors_per_epoch),
-            " vectors per epoch",
+            " vectors per epoch, ", shape.transform,
             slots_ != nullptr
                 ? absl::StrCat(", shared memory (", slots_->region().slots(),
                                " slots, pid ", slots_->region().pid(), ")")

@@ -10,8 +10,10 @@ IterableDataset, shardcast.compat.saev for saev's DataLoaders, and
 shardcast.write for writing datasets.
 """
 
-from shardcast._client import ADDRESS_VARIABLE, Batch, Client, Error, Stream
+from shardcast._client import (ADDRESS_VARIABLE, Batch, Client, Error, Stream,
+                               bfloat16_to_float32)
 from shardcast._writer import write
 
-__all__ = ["ADDRESS_VARIABLE", "Batch", "Client", "Error", "Stream", "write"]
+__all__ = ["ADDRESS_VARIABLE", "Batch", "Client", "Error", "Stream", "bfloat16_to_float32",
+           "write"]
 __version__ = "0.1.0"

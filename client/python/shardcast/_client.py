@@ -32,6 +32,20 @@ _channel_opened = False
 _TOKENS = {"content": pb.TOKENS_CONTENT, "special": pb.TOKENS_SPECIAL,
            "all": pb.TOKENS_ALL}
 _ORDERS = {"shuffled": pb.ORDER_SHUFFLED, "ordered": pb.ORDER_ORDERED}
+_DTYPES = {"float32": pb.DTYPE_FLOAT32, "bfloat16": pb.DTYPE_BFLOAT16,
+           "float16": pb.DTYPE_FLOAT16}
+# wire code -> (name, numpy dtype of Batch.vectors, bytes per element)
+_DTYPES_BY_CODE = {pb.DTYPE_FLOAT32: ("float32", np.dtype("<f4"), 4),
+                   pb.DTYPE_BFLOAT16: ("bfloat16", np.dtype("<u2"), 2),
+                   pb.DTYPE_FLOAT16: ("float16", np.dtype("<f2"), 2)}
+
+
+def bfloat16_to_float32(bits):
+    """float32 numpy array of the bfloat16 bit patterns `bits` (uint16), as a
+    Batch of a dtype="bfloat16" stream holds them (exact: bfloat16 is the
+    upper half of float32)."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 ADDRESS_VARIABLE = "SHARDCAST_ADDRESS"
 
 
@@ -78,10 +92,15 @@ def _call(fn, *args, **kwargs):
 class Batch:
     """One batch of a stream.
 
-    `vectors` is a float32 numpy array [rows, d_model]: on the shared-memory
+    `vectors` is a numpy array [rows, d_model]: on the shared-memory
     path a view of the daemon's slot, valid until the next batch is requested
     from the stream (use ``copy=True`` on the stream, or ``vectors.copy()``,
-    to keep it longer); over gRPC a view of the received message.
+    to keep it longer); over gRPC a view of the received message. Its numpy
+    dtype follows the stream's `dtype`: float32, float16, or for "bfloat16"
+    (which numpy lacks) uint16 holding the bfloat16 bit patterns
+    (``shardcast.torch`` hands out torch.bfloat16 tensors; ``bfloat16_to_float32``
+    widens them in numpy). `dtype` names the element type and `transform`
+    what the daemon applied ("float32", "scale_norm, bfloat16 (...)").
     `example_idx` (int64), `token_idx` (int32, -1 for CLS), `layer` (int64,
     when all layers are streamed, else None) and `labels` (uint8, 255 for CLS,
     None without labels.bin) have one entry per row. `resume_token` reopens
@@ -89,7 +108,8 @@ class Batch:
     """
 
     __slots__ = ("vectors", "example_idx", "token_idx", "layer", "labels",
-                 "epoch", "index", "rows", "resume_token", "slot")
+                 "epoch", "index", "rows", "resume_token", "slot", "dtype",
+                 "transform")
 
     def __repr__(self):
         return (f"Batch(epoch={self.epoch}, index={self.index}, rows={self.rows}, "
@@ -111,7 +131,8 @@ class Stream:
         path = _shm.socket_path(client.address) if shared_memory else None
         slot_bytes = 0
         if path is not None and os.path.exists(path) and request.batch_size > 0:
-            slot_bytes = request.batch_size * client.describe(request.dataset).d_model * 4
+            slot_bytes = (request.batch_size * client.describe(request.dataset).d_model *
+                          _DTYPES_BY_CODE.get(request.dtype, ("", None, 4))[2])
         # A slot size no region can have: the daemon's answer to the request
         # (INVALID_ARGUMENT, with the limit) comes through the message path.
         if 0 < slot_bytes < 1 << 63:
@@ -163,14 +184,19 @@ class Stream:
         b.layer = np.frombuffer(m.layer, dtype="<i8") if m.layer else None
         b.labels = np.frombuffer(m.labels, dtype=np.uint8) if m.labels else None
         b.slot = None
+        if m.dtype not in _DTYPES_BY_CODE:
+            self.close()
+            raise Error("DATA_LOSS", f"batch {m.epoch}/{m.index} has unknown dtype {m.dtype}")
+        b.dtype, np_dtype, size = _DTYPES_BY_CODE[m.dtype]
+        b.transform = m.transform or "float32"
         if self._region is not None:
             if (not m.HasField("slot") or m.slot >= self._region.slots or
-                    rows * d * 4 > self._region.slot_bytes or m.vectors):
+                    rows * d * size > self._region.slot_bytes or m.vectors):
                 self.close()
                 raise Error("DATA_LOSS", f"batch {m.epoch}/{m.index} names slot "
                             f"{m.slot} of {self._region.slots} for {rows} x {d} "
                             "floats: not a valid slot")
-            vectors = np.frombuffer(self._region.buffer, dtype=np.float32,
+            vectors = np.frombuffer(self._region.buffer, dtype=np_dtype,
                                     count=rows * d,
                                     offset=m.slot * self._region.slot_bytes)
             if self._copy:
@@ -179,7 +205,7 @@ class Stream:
             else:
                 self._held = b.slot = m.slot
         else:
-            vectors = np.frombuffer(m.vectors, dtype=np.float32)
+            vectors = np.frombuffer(m.vectors, dtype=np_dtype)
             if self._copy:
                 vectors = vectors.copy()
         if vectors.size != rows * d or b.example_idx.size != rows:
@@ -339,7 +365,7 @@ class Client:
     def stream(self, dataset, *, layer=None, tokens="content", order="shuffled",
                batch_size=4096, seed=0, epochs=1, rank=0, world_size=1,
                drop_last=False, exclude_labels=(), resume_token=b"", copy=False,
-               shared_memory=None):
+               shared_memory=None, dtype="float32", scale_norm=False, center=False):
         """A Stream of Batch objects (README.md, "The daemon", Stream).
 
         `layer`: a recorded layer value, or None for all layers; `tokens`:
@@ -349,7 +375,14 @@ class Client:
         `exclude_labels`: drop content tokens with these labels;
         `resume_token`: a Batch's token, to continue right after it. With
         `copy=True` each batch owns its vectors (the slot goes back at once).
+        Transforms, applied by the daemon while it gathers each batch:
+        `center` subtracts the layer's mean vector, `scale_norm` scales to a
+        mean L2 norm of sqrt(d_model) (statistics from `shardcast stats`, or
+        computed by the daemon on first use), `dtype` "float32",
+        "bfloat16" or "float16" (rounded to nearest even; half the bytes).
         """
+        if dtype not in _DTYPES:
+            raise Error("INVALID_ARGUMENT", f"dtype={dtype!r}: float32, bfloat16 or float16")
         if tokens not in _TOKENS:
             raise Error("INVALID_ARGUMENT", f"tokens={tokens!r}: content, special or all")
         if order not in _ORDERS:
@@ -359,7 +392,8 @@ class Client:
             batch_size=batch_size, seed=seed, epochs=epochs, rank=rank,
             world_size=world_size, drop_last=drop_last,
             exclude_labels=[int(x) for x in exclude_labels],
-            resume_token=bytes(resume_token))
+            resume_token=bytes(resume_token), dtype=_DTYPES[dtype],
+            scale_norm=bool(scale_norm), center=bool(center))
         if layer is not None:
             request.layer = layer
         use_shm = self.shared_memory if shared_memory is None else shared_memory

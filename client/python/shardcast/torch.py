@@ -47,20 +47,23 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
     """Batches of a shardcastd stream as dicts of tensors (see the module).
 
     `address` defaults to $SHARDCAST_ADDRESS; the other arguments are those
-    of Client.stream. `rank`/`world_size` default to torch.distributed's.
+    of Client.stream (dtype="bfloat16" yields torch.bfloat16 tensors, viewed
+    in place). `rank`/`world_size` default to torch.distributed's.
     """
 
     def __init__(self, dataset, *, address=None, layer=None, tokens="content",
                  order="shuffled", batch_size=4096, seed=0, epochs=1,
                  drop_last=False, exclude_labels=(), rank=None, world_size=None,
-                 pin_memory=False, copy=False, shared_memory=True, slots=4):
+                 pin_memory=False, copy=False, shared_memory=True, slots=4,
+                 dtype="float32", scale_norm=False, center=False):
         super().__init__()
         self.dataset = dataset
         self.address = address
         self.kwargs = dict(layer=layer, tokens=tokens, order=order,
                            batch_size=batch_size, seed=seed, epochs=epochs,
                            drop_last=drop_last, exclude_labels=tuple(exclude_labels),
-                           copy=copy)
+                           copy=copy, dtype=dtype, scale_norm=scale_norm,
+                           center=center)
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
         self.shared_memory = shared_memory
@@ -104,7 +107,10 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
             for b in stream:
                 if self.pin_memory and stream.shared_memory and registered is None:
                     registered = _register(stream._region.buffer)
-                vectors = torch.from_numpy(b.vectors)
+                if b.dtype == "bfloat16":  # numpy has no bfloat16: its bits
+                    vectors = torch.from_numpy(b.vectors.view("<i2")).view(torch.bfloat16)
+                else:
+                    vectors = torch.from_numpy(b.vectors)
                 if self.pin_memory and not stream.shared_memory:
                     vectors = vectors.pin_memory()
                 item = {"vectors": vectors,

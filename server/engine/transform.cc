@@ -1,0 +1,201 @@
+#include "server/engine/transform.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardcast {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The F16C instruction converts 8 floats at once with the same rounding
+// (nearest even) as the portable code; used when the processor has it.
+__attribute__((target("avx,f16c"))) void FloatsToHalfF16c(uint16_t* dst,
+                                                          const float* src,
+                                                          int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    const __m128i h =
+        _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("f16c") != 0 &&
+                          __builtin_cpu_supports("avx") != 0;
+  return has;
+}
+
+constexpr int64_t kChunk = 256;  // floats transformed at a time, on the stack
+
+}  // namespace
+
+absl::string_view OutputDTypeName(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kFloat32:
+      return "float32";
+    case OutputDType::kBFloat16:
+      return "bfloat16";
+    case OutputDType::kFloat16:
+      return "float16";
+  }
+  return "float32";
+}
+
+uint64_t OutputDTypeBytes(OutputDType dtype) {
+  return dtype == OutputDType::kFloat32 ? 4 : 2;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t x = Bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  }
+  // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even;
+  // a carry into the exponent is the right answer (up to infinity).
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x = Bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  uint32_t h;
+  if (x >= 0x47800000u) {  // |f| >= 65536 (or inf, NaN): infinity or NaN
+    h = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (x < 0x38800000u) {  // |f| < 2^-14: a subnormal half, or zero
+    // Adding 0.5 (2^-1) lines the half's subnormal step (2^-24) up with the
+    // float's last mantissa bit: the float addition rounds to nearest even
+    // exactly as the half must, and the low bits are the half's mantissa.
+    h = Bits(FromBits(x) + 0.5f) - 0x3f000000u;
+  } else {
+    // Rebias the exponent (127 -> 15) and round the 13 dropped mantissa
+    // bits to nearest even; a carry into the exponent is correct, up to
+    // infinity for [65520, 65536).
+    const uint32_t odd = (x >> 13) & 1u;
+    h = (x - 0x38000000u + 0x0fffu + odd) >> 13;
+  }
+  return static_cast<uint16_t>(h | sign);
+}
+
+void FloatsToBFloat16(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBFloat16(src[i]);
+}
+
+void FloatsToHalf(uint16_t* dst, const float* src, int64_t n) {
+  if (HasF16c()) {
+    FloatsToHalfF16c(dst, src, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+absl::StatusOr<VectorTransform> VectorTransform::Create(
+    const TransformSpec& spec, const DatasetDesc& desc,
+    const DatasetStats* stats, StatsGroup group,
+    absl::string_view stats_origin) {
+  VectorTransform t;
+  t.dtype_ = spec.dtype;
+  t.center_ = spec.center;
+  t.scale_ = spec.scale_norm;
+  t.identity_ = !spec.needs_stats() && spec.dtype == OutputDType::kFloat32;
+  std::vector<std::string> parts;
+  if (spec.center) parts.push_back("center");
+  if (spec.scale_norm) parts.push_back("scale_norm");
+  parts.push_back(std::string(OutputDTypeName(spec.dtype)));
+  t.name_ = absl::StrJoin(parts, ", ");
+  if (!spec.needs_stats()) return t;
+  if (stats == nullptr) {
+    return absl::FailedPreconditionError(
+        "scale_norm and center need the dataset's statistics");
+  }
+  absl::StrAppend(&t.name_, " (", stats_origin, ")");
+  const char* group_name = group == StatsGroup::kContent   ? "content"
+                           : group == StatsGroup::kSpecial ? "special"
+                                                           : "all";
+  const size_t d = static_cast<size_t>(desc.d_model);
+  const double root_d = std::sqrt(static_cast<double>(desc.d_model));
+  for (int64_t layer : desc.layers) {
+    const LayerStats* ls = stats->Find(layer);
+    const GroupStats* g = ls == nullptr ? nullptr
+                          : group == StatsGroup::kContent
+                              ? &ls->content
+                          : group == StatsGroup::kSpecial
+                              ? (ls->special.has_value() ? &*ls->special
+                                                         : nullptr)
+                              : &ls->all;
+    if (g == nullptr || g->count <= 0 || g->mean.size() != d) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the statistics have no ", group_name, " tokens of layer ", layer));
+    }
+    const double norm = spec.center ? g->centered_mean_norm : g->mean_norm;
+    if (spec.scale_norm && !(std::isfinite(norm) && norm > 0)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot scale layer ", layer, ": the mean norm of its ", group_name,
+          " tokens is ", norm));
+    }
+    t.scales_.push_back(spec.scale_norm ? static_cast<float>(root_d / norm)
+                                        : 1.0f);
+    if (spec.center) {
+      std::vector<float> mean(d);
+      for (size_t i = 0; i < d; ++i) mean[i] = static_cast<float>(g->mean[i]);
+      t.means_.push_back(std::move(mean));
+    }
+  }
+  return t;
+}
+
+void VectorTransform::Apply(char* dst, const char* src, int64_t d,
+                            int64_t layer_index) const {
+  if (identity_) {
+    std::memcpy(dst, src, static_cast<size_t>(d) * 4);
+    return;
+  }
+  const size_t l = static_cast<size_t>(layer_index);
+  const float* mean = center_ ? means_[l].data() : nullptr;
+  const float s = scale_ ? scales_[l] : 1.0f;
+  alignas(64) float tmp[kChunk];
+  for (int64_t off = 0; off < d; off += kChunk) {
+    const int64_t n = std::min(kChunk, d - off);
+    std::memcpy(tmp, src + off * 4, static_cast<size_t>(n) * 4);
+    if (mean != nullptr && scale_) {
+      for (int64_t i = 0; i < n; ++i) tmp[i] = (tmp[i] - mean[off + i]) * s;
+    } else if (mean != nullptr) {
+      for (int64_t i = 0; i < n; ++i) tmp[i] = tmp[i] - mean[off + i];
+    } else if (scale_) {
+      for (int64_t i = 0; i < n; ++i) tmp[i] = tmp[i] * s;
+    }
+    switch (dtype_) {
+      case OutputDType::kFloat32:
+        std::memcpy(dst + off * 4, tmp, static_cast<size_t>(n) * 4);
+        break;
+      case OutputDType::kBFloat16:
+        FloatsToBFloat16(reinterpret_cast<uint16_t*>(dst) + off, tmp, n);
+        break;
+      case OutputDType::kFloat16:
+        FloatsToHalf(reinterpret_cast<uint16_t*>(dst) + off, tmp, n);
+        break;
+    }
+  }
+}
+
+}  // namespace shardcast
