@@ -17,6 +17,7 @@
 #include "common/checked.h"
 #include "common/file.h"
 #include "common/limits.h"
+#include "common/lmprobe.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
@@ -40,15 +41,93 @@ absl::Status CheckFileSize(const std::string& path, uint64_t expected,
   ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
   ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
   if (size == expected || size == alternative) return absl::OkStatus();
+  if (alternative == 0 && size >= expected) return absl::OkStatus();  // >=
   std::string msg = absl::StrCat(path, ": ", size, " bytes, expected ",
                                  expected, " (", what, ")");
-  if (alternative != expected) {
+  if (alternative != expected && alternative != 0) {
     absl::StrAppend(&msg, " or ", alternative, " (a full-size shard)");
   }
   absl::StrAppend(&msg, size < expected ? "; the file is short"
                                         : "; the file is longer than "
                                           "the metadata describes");
   return absl::DataLossError(msg);
+}
+
+}  // namespace
+
+namespace {
+
+// An lmprobe 2.0 directory (common/lmprobe.h) as a dataset with an external
+// layout: example = row of each layer's tensors, shards in order; T = 1.
+absl::Status DescribeLmprobe(DatasetInfo* info) {
+  ASSIGN_OR_RETURN(LmprobeDataset lm, OpenLmprobeDataset(info->dir));
+  const std::string where = absl::StrCat("lmprobe dataset ", info->dir);
+  if (lm.dtype != SafetensorsDtype::kF32) {
+    return absl::UnimplementedError(absl::StrCat(
+        where, ": its tensors are ", SafetensorsDtypeName(lm.dtype),
+        "; the daemon serves float32 (F32) tensors only"));
+  }
+  if (lm.dim < 1 || lm.dim > limits::kMaxDModel ||
+      lm.layers.empty() ||
+      static_cast<int64_t>(lm.layers.size()) > limits::kMaxLayers ||
+      lm.rows_per_layer > static_cast<uint64_t>(limits::kMaxExamples) ||
+      lm.num_shards() > limits::kMaxShards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": dim ", lm.dim, ", ", lm.layers.size(), " layers, ",
+        lm.rows_per_layer, " rows, ", lm.num_shards(),
+        " shards: outside what shardcast serves"));
+  }
+  DatasetDesc& d = info->desc;
+  auto x = std::make_shared<ExternalLayout>();
+  x->format = "lmprobe";
+  d.protocol = absl::StrCat(
+      "lmprobe ", lm.format_version.empty() ? "(no lmprobe_info.json)"
+                                            : lm.format_version);
+  d.layers = lm.layers;
+  d.content_tokens = 1;
+  d.cls_token = false;
+  d.tokens_per_example = 1;
+  d.d_model = lm.dim;
+  d.n_examples = static_cast<int64_t>(lm.rows_per_layer);
+  int64_t first = 0, largest = 0;
+  for (uint64_t rows : lm.shard_rows) {
+    x->first_example.push_back(first);
+    first += static_cast<int64_t>(rows);
+    largest = std::max(largest, static_cast<int64_t>(rows));
+  }
+  d.examples_per_shard = std::max<int64_t>(largest, 1);
+  d.token_budget = d.examples_per_shard;
+  for (const LmprobeLayer& layer : lm.tensors) {
+    for (const LmprobeShardTensor& t : layer.shards) {
+      d.shards.push_back(
+          {t.file, t.present ? static_cast<int64_t>(t.rows) : 0});
+      x->tensor_offset.push_back(t.offset);
+    }
+  }
+  d.warnings = lm.warnings;
+  d.warnings.push_back(absl::StrCat(
+      where, ": served without its parquet index (not read): example i is row "
+      "i of each layer's tensors over the shards in order",
+      lm.storage == LmprobeStorage::kFullSequence
+          ? absl::StrCat("; full_sequence storage: the first ",
+                         lm.last_token_shards,
+                         " shard(s) hold one last-token row per prompt, the "
+                         "others one row per token, whose prompt only the "
+                         "index says")
+          : "",
+      "; no labels or text"));
+  Json meta = Json::object();
+  meta["format"] = "lmprobe";
+  meta["format_version"] = lm.format_version;
+  meta["model"] = lm.model_name;
+  meta["storage"] = std::string(LmprobeStorageName(lm.storage));
+  d.metadata = std::move(meta);
+  d.external = std::move(x);
+  info->hash.clear();  // no content hash: the id is the directory name
+  info->hash_matches_dir = true;
+  info->has_labels = false;
+  info->has_checksums = false;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -74,6 +153,10 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
         absl::StrCat(info.dir, " is not a directory"));
   }
   const std::string meta_path = JoinPath(info.dir, kMetadataFile);
+  if (!Exists(meta_path) && LooksLikeLmprobeDir(info.dir)) {
+    RETURN_IF_ERROR(DescribeLmprobe(&info));
+    return info;
+  }
   ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
   ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
   const std::string shards_path = JoinPath(info.dir, kShardsFile);
@@ -108,8 +191,20 @@ std::optional<AcceptedSize> DataFileSize(const DatasetInfo& info,
         absl::StrCat("uint8 [n_examples=", d.n_examples,
                      ", content_tokens=", d.content_tokens, "]")};
   }
-  for (const ShardEntry& s : d.shards) {
+  for (size_t i = 0; i < d.shards.size(); ++i) {
+    const ShardEntry& s = d.shards[i];
     if (s.name != name || s.n_examples == 0) continue;
+    if (d.external != nullptr) {
+      // A tensor file: at least up to the end of its rows (other tensors
+      // may follow them); `alternative` 0 marks "at least".
+      const uint64_t end =
+          d.external->tensor_offset[i] +
+          static_cast<uint64_t>(s.n_examples) * d.vector_bytes();
+      return AcceptedSize{
+          end, 0,
+          absl::StrCat("safetensors rows [", s.n_examples, ", ", d.d_model,
+                       "] float32 ending at byte ", end)};
+    }
     // Below the bound ParseMetadata checked: no overflow.
     const uint64_t exact =
         static_cast<uint64_t>(s.n_examples) * d.example_bytes();
@@ -148,6 +243,7 @@ bool LooksLikeDatasetDir(const std::string& dir) {
       ::stat(JoinPath(dir, kShardsFile).c_str(), &st) == 0) {
     return true;
   }
+  if (LooksLikeLmprobeDir(dir)) return true;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return true;  // unreadable: report it
   bool found = false;

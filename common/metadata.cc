@@ -160,6 +160,7 @@ absl::StatusOr<int64_t> DatasetDesc::LayerIndex(int64_t layer) const {
 }
 
 std::string DatasetDesc::ContentHash() const {
+  if (external != nullptr) return "";  // named by its directory only
   return variant == Variant::kV2Saev ? FileOrderHash8(metadata)
                                      : SortedKeyHash(metadata);
 }
@@ -397,6 +398,11 @@ std::string ShardFileName(int64_t shard_index) {
 
 absl::StatusOr<VectorLocation> LocateExample(const DatasetDesc& d,
                                              int64_t example) {
+  if (d.external != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a ", d.external->format,
+        " dataset keeps each layer in its own files: no example block"));
+  }
   if (example < 0 || example >= d.n_examples) {
     return absl::OutOfRangeError(
         absl::StrCat("example ", example, " is out of range: the dataset has ",
@@ -411,8 +417,36 @@ absl::StatusOr<VectorLocation> LocateExample(const DatasetDesc& d,
 
 absl::StatusOr<VectorLocation> Locate(const DatasetDesc& d, int64_t example,
                                       int64_t layer, int64_t token) {
-  ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
   ASSIGN_OR_RETURN(int64_t layer_index, d.LayerIndex(layer));
+  return LocateIndex(d, example, layer_index, token);
+}
+
+absl::StatusOr<VectorLocation> LocateIndex(const DatasetDesc& d,
+                                           int64_t example,
+                                           int64_t layer_index, int64_t token) {
+  if (d.external != nullptr) {
+    const ExternalLayout& x = *d.external;
+    if (example < 0 || example >= d.n_examples) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "example ", example, " is out of range: the dataset has ",
+          d.n_examples, " examples (0..", d.n_examples - 1, ")"));
+    }
+    if (token != 0) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "token ", token, " is out of range: a ", x.format,
+          " dataset has one vector per example and layer (token 0)"));
+    }
+    const auto it = std::upper_bound(x.first_example.begin(),
+                                     x.first_example.end(), example);
+    const int64_t s = (it - x.first_example.begin()) - 1;
+    VectorLocation loc;
+    loc.shard = layer_index * x.num_shards() + s;
+    loc.offset = x.tensor_offset[static_cast<size_t>(loc.shard)] +
+                 static_cast<uint64_t>(example - x.first_example[static_cast<size_t>(s)]) *
+                     d.vector_bytes();
+    return loc;
+  }
+  ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example));
   if (token < 0 || token >= d.tokens_per_example) {
     return absl::OutOfRangeError(absl::StrCat(
         "token ", token, " is out of range: an example has ",

@@ -13,6 +13,7 @@
 #define SHARDCAST_COMMON_METADATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,22 @@ struct ShardEntry {
   int64_t n_examples = 0;
 };
 
+/// Where the vectors of a dataset that is not laid out as saev shards are: an
+/// lmprobe directory (common/lmprobe.h), one [rows, D] float32 tensor per
+/// (layer, shard) file. Such a dataset has one token per example (T = 1, no
+/// CLS), DatasetDesc::shards lists its files layer-major (file l * S + s is
+/// shard s of layer index l; n_examples 0 for a file that does not exist),
+/// and example e of layer index l is row e - first_example[s] of file
+/// l * S + s, where shard s holds e. Plain data.
+struct ExternalLayout {
+  std::string format;                  // "lmprobe"
+  std::vector<int64_t> first_example;  // per shard, ascending, from 0
+  std::vector<uint64_t> tensor_offset;  // per file: offset of row 0
+  int64_t num_shards() const {
+    return static_cast<int64_t>(first_example.size());
+  }
+};
+
 /// Everything a reader needs to know about a dataset, whichever variant its
 /// files are written in. Plain data; copyable.
 struct DatasetDesc {
@@ -52,6 +69,10 @@ struct DatasetDesc {
   std::vector<ShardEntry> shards;     // as listed, including trailing empties
   Json metadata;                      // metadata.json as parsed (for hashing)
   std::vector<std::string> warnings;  // e.g. an unknown minor version
+  /// Set for datasets in another layout (ExternalLayout); then `variant`,
+  /// `metadata`, `token_budget` and `examples_per_shard` (the largest
+  /// shard) are only descriptive, and there is no content hash.
+  std::shared_ptr<const ExternalLayout> external;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   uint64_t vector_bytes() const { return static_cast<uint64_t>(d_model) * 4; }
@@ -105,7 +126,15 @@ struct VectorLocation {
 absl::StatusOr<VectorLocation> Locate(const DatasetDesc& desc, int64_t example,
                                       int64_t layer, int64_t token);
 
-/// Location of the first byte of `example` ([L, T, D] block).
+/// The same with the layer's index in `layers` (0 <= layer_index < L, not
+/// checked) instead of its value.
+absl::StatusOr<VectorLocation> LocateIndex(const DatasetDesc& desc,
+                                           int64_t example,
+                                           int64_t layer_index, int64_t token);
+
+/// Location of the first byte of `example` ([L, T, D] block). Only for
+/// saev layouts: FAILED_PRECONDITION for an external one, whose layers are
+/// in different files (use LocateIndex per layer).
 absl::StatusOr<VectorLocation> LocateExample(const DatasetDesc& desc,
                                              int64_t example);
 

@@ -611,4 +611,43 @@ TEST(ParseShards, EntriesWhoseSumWouldWrapAreRejected) {
 }
 
 }  // namespace
+
+TEST(Locate, ExternalLayoutFindsTheRowInTheLayersOwnFile) {
+  // Two layers, shards of 3, 0 and 2 rows: files l * 3 + s, each tensor at
+  // its own offset; D = 4 (16-byte rows).
+  DatasetDesc d;
+  d.layers = {7, -1};
+  d.tokens_per_example = 1;
+  d.content_tokens = 1;
+  d.d_model = 4;
+  d.n_examples = 5;
+  auto x = std::make_shared<ExternalLayout>();
+  x->format = "lmprobe";
+  x->first_example = {0, 3, 3};
+  x->tensor_offset = {100, 0, 200, 300, 0, 408};
+  d.external = x;
+  struct Case {
+    int64_t example, layer;
+    int64_t file;
+    uint64_t offset;
+  };
+  for (const Case& c : {Case{0, 7, 0, 100}, Case{2, 7, 0, 132},
+                        Case{3, 7, 2, 200}, Case{4, -1, 5, 424},
+                        Case{1, -1, 3, 316}}) {
+    auto loc = Locate(d, c.example, c.layer, 0);
+    ASSERT_TRUE(loc.ok()) << loc.status();
+    EXPECT_EQ(loc->shard, c.file) << c.example << "/" << c.layer;
+    EXPECT_EQ(loc->offset, c.offset) << c.example << "/" << c.layer;
+  }
+  EXPECT_EQ(Locate(d, 5, 7, 0).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Locate(d, -1, 7, 0).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Locate(d, 0, 7, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Locate(d, 0, 3, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LocateExample(d, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.ContentHash(), "");
+}
+
 }  // namespace shardcast

@@ -81,6 +81,15 @@ absl::Status DatasetReader::ReadLayerSlice(int64_t example, int64_t layer,
 }
 
 absl::Status DatasetReader::ReadExample(int64_t example, float* out) const {
+  if (desc().external != nullptr) {  // a layer slice from each layer's file
+    const size_t per_layer =
+        static_cast<size_t>(desc().tokens_per_example * desc().d_model);
+    for (size_t l = 0; l < desc().layers.size(); ++l) {
+      RETURN_IF_ERROR(
+          ReadLayerSlice(example, desc().layers[l], out + l * per_layer));
+    }
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(FileRange range, ExampleRange(example));
   return ReadRange(range, out);
 }

@@ -83,6 +83,35 @@ absl::Status ForEachVector(const DatasetReader& reader, uint64_t done_before,
                per_example * static_cast<uint64_t>(d.n_examples)) *
       dm));
   uint64_t done = done_before;
+  if (d.external != nullptr) {
+    // Each layer of each shard is a [rows, D] tensor of its own file: read
+    // them one after the other (the sums do not depend on the order).
+    const ExternalLayout& x = *d.external;
+    for (int64_t l = 0; l < d.num_layers(); ++l) {
+      for (int64_t s = 0; s < x.num_shards(); ++s) {
+        const size_t si = static_cast<size_t>(s);
+        const int64_t end = s + 1 < x.num_shards() ? x.first_example[si + 1]
+                                                   : d.n_examples;
+        for (int64_t e0 = x.first_example[si]; e0 < end;) {
+          const int64_t n = std::min<int64_t>(
+              end - e0, static_cast<int64_t>(chunk_vectors));
+          ASSIGN_OR_RETURN(FileRange r,
+                           reader.VectorRange(e0, d.layers[static_cast<size_t>(l)], 0));
+          RETURN_IF_ERROR(PreadFull(r.fd, buffer.data(),
+                                    static_cast<size_t>(n) * vector_bytes,
+                                    r.offset, *r.path));
+          for (int64_t i = 0; i < n; ++i) {
+            RETURN_IF_ERROR(
+                fn(buffer.data() + static_cast<size_t>(i) * dm, e0 + i, l, 0));
+          }
+          e0 += n;
+          done += static_cast<uint64_t>(n) * vector_bytes;
+          if (progress) progress(done, total);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   int64_t e = 0;  // the next vector to read is vector v of example e
   uint64_t v = 0;
   while (e < d.n_examples) {

@@ -62,6 +62,20 @@ absl::StatusOr<VectorsResult> QueryEngine::GetExample(
     RETURN_IF_ERROR(CheckBytes(d.layer_slice_bytes()));
     ASSIGN_OR_RETURN(range, reader->LayerSliceRange(example, *layer));
     r.shape = {d.tokens_per_example, d.d_model};
+  } else if (d.external != nullptr) {
+    // Each layer in its own file: one read per layer, in layer order.
+    RETURN_IF_ERROR(CheckBytes(d.example_bytes()));
+    r.shape = {d.num_layers(), d.tokens_per_example, d.d_model};
+    r.data = Payload(static_cast<size_t>(d.example_bytes()));
+    std::vector<ReadOp> ops;
+    for (size_t l = 0; l < d.layers.size(); ++l) {
+      ASSIGN_OR_RETURN(FileRange slice,
+                       reader->LayerSliceRange(example, d.layers[l]));
+      ops.push_back(ReadOp::Into(slice, r.data.data() + l * slice.length));
+    }
+    RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
+    bytes_read_ += r.data.size();
+    return r;
   } else {
     RETURN_IF_ERROR(CheckBytes(d.example_bytes()));
     ASSIGN_OR_RETURN(range, reader->ExampleRange(example));

@@ -630,7 +630,7 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
   constexpr int64_t kSamples = 32;
   const int64_t rows = layout.sel.num_rows;
   if (rows <= 0) return -1;
-  std::vector<UniqueFd> probes(static_cast<size_t>(r.desc().num_data_shards()));
+  std::vector<UniqueFd> probes(r.desc().shards.size());
   char page[4096];
   int64_t asked = 0, cached = 0;
   for (int64_t i = 0; i < std::min(kSamples, rows); ++i) {
@@ -727,11 +727,20 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   if (it == scans_.end()) {
     // O_DIRECT needs every offset, length and buffer 4 KiB-aligned: true
     // when a vector is a multiple of 4 KiB and so is a slot.
-    const bool aligned =
-        layout.vector_bytes % 4096 == 0 && reservoir_->slot_bytes() % 4096 == 0;
+    // Files of an external layout (safetensors) put their rows after a
+    // header: aligned only where every tensor starts on a 4 KiB boundary.
+    bool rows_aligned = true;
+    if (reader->desc().external != nullptr) {
+      for (uint64_t offset : reader->desc().external->tensor_offset) {
+        rows_aligned = rows_aligned && offset % 4096 == 0;
+      }
+    }
+    const bool aligned = rows_aligned && layout.vector_bytes % 4096 == 0 &&
+                         reservoir_->slot_bytes() % 4096 == 0;
     const std::string unaligned = absl::StrCat(
-        "vectors of ", layout.vector_bytes, " bytes or blocks of ",
-        reservoir_->slot_bytes(), " bytes are not 4 KiB multiples");
+        "vectors of ", layout.vector_bytes, " bytes, blocks of ",
+        reservoir_->slot_bytes(), " bytes or the files' first rows are not "
+        "at 4 KiB multiples");
     enum class How { kBuffered, kDirect, kMapped };
     How how = How::kBuffered;
     std::string why;
@@ -771,7 +780,7 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     auto open_shards =
         [&r, sparse](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
       std::vector<UniqueFd> fds;
-      for (int64_t s = 0; s < r.desc().num_data_shards(); ++s) {
+      for (int64_t s = 0; s < static_cast<int64_t>(r.desc().shards.size()); ++s) {
         if (r.shard_fd(s) < 0) {
           fds.emplace_back();
           continue;

@@ -80,11 +80,7 @@ absl::StatusOr<Selection> Selection::Create(const DatasetDesc& d,
 
 absl::StatusOr<VectorLocation> Selection::Locate(const DatasetDesc& d,
                                                  int64_t row, int64_t j) const {
-  ASSIGN_OR_RETURN(VectorLocation loc, LocateExample(d, example_of(row)));
-  loc.offset += (static_cast<uint64_t>(layer_of(row)) * d.tokens_per_example +
-                 static_cast<uint64_t>(token_begin + j)) *
-                d.vector_bytes();
-  return loc;
+  return LocateIndex(d, example_of(row), layer_of(row), token_begin + j);
 }
 
 std::string Selection::Name(const DatasetDesc& d) const {

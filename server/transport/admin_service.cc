@@ -19,7 +19,8 @@ void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
   const DatasetInfo& info = *entry.info;
   const DatasetDesc& d = info.desc;
   out->set_protocol(d.protocol);
-  out->set_variant(std::string(VariantName(d.variant)));
+  out->set_variant(d.external != nullptr ? d.external->format
+                                         : std::string(VariantName(d.variant)));
   for (int64_t l : d.layers) out->add_layers(l);
   out->set_content_tokens(d.content_tokens);
   out->set_cls_token(d.cls_token);
