@@ -84,6 +84,8 @@ DatasetDescription FromProto(const v1::DatasetInfo& d) {
   out.bytes = d.bytes();
   out.has_labels = d.has_labels();
   out.hash_matches_dir = d.hash_matches_dir();
+  out.has_example_info = d.has_example_info();
+  out.has_stats = d.has_stats();
   out.warnings.assign(d.warnings().begin(), d.warnings().end());
   return out;
 }
@@ -734,6 +736,18 @@ absl::StatusOr<std::string> Client::GetLabels(const std::string& dataset,
   v1::Labels resp;
   RETURN_IF_ERROR(FromGrpcStatus(impl_->query->GetLabels(&ctx, req, &resp)));
   return std::move(*resp.mutable_labels());
+}
+
+absl::StatusOr<std::string> Client::GetExampleInfo(const std::string& dataset,
+                                                   int64_t example) {
+  grpc::ClientContext ctx;
+  v1::GetExampleInfoRequest req;
+  req.set_dataset(dataset);
+  req.set_example(example);
+  v1::ExampleInfo resp;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->query->GetExampleInfo(&ctx, req, &resp)));
+  return std::move(*resp.mutable_json());
 }
 
 }  // namespace shardcast

@@ -76,6 +76,8 @@ struct DatasetDescription {
   uint64_t bytes = 0;  // float32 payload bytes in the dataset
   bool has_labels = false;
   bool hash_matches_dir = false;
+  bool has_example_info = false;  // samples.json: GetExampleInfo answers
+  bool has_stats = false;         // shardcast_stats.json
   std::vector<std::string> warnings;
 };
 
@@ -330,6 +332,11 @@ class Client {
                                          std::optional<int64_t> layer);
   /// The example's content-token labels, one uint8 per byte. NOT_FOUND when
   /// the dataset has no labels.
+  /// The JSON record `shardcast import` kept of one example (samples.json:
+  /// sample_idx, dataset_idx, text preview, ...). NOT_FOUND when the
+  /// dataset has none (DatasetDescription::has_example_info).
+  absl::StatusOr<std::string> GetExampleInfo(const std::string& dataset,
+                                             int64_t example);
   absl::StatusOr<std::string> GetLabels(const std::string& dataset,
                                         int64_t example);
   /// Opens a stream of batches: in shared memory when the options allow it

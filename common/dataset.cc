@@ -18,7 +18,9 @@
 #include "common/file.h"
 #include "common/limits.h"
 #include "common/lmprobe.h"
+#include "common/samples.h"
 #include "common/sha256.h"
+#include "common/stats.h"
 #include "common/status.h"
 
 namespace shardcast {
@@ -155,6 +157,7 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   const std::string meta_path = JoinPath(info.dir, kMetadataFile);
   if (!Exists(meta_path) && LooksLikeLmprobeDir(info.dir)) {
     RETURN_IF_ERROR(DescribeLmprobe(&info));
+    info.has_stats = Exists(JoinPath(info.dir, kStatsFile));
     return info;
   }
   ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
@@ -166,6 +169,8 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   info.hash_matches_dir = info.hash == info.dir_name;
   info.has_labels = Exists(JoinPath(info.dir, kLabelsFile));
   info.has_checksums = Exists(JoinPath(info.dir, kChecksumsFile));
+  info.has_samples = Exists(JoinPath(info.dir, kSamplesFile));
+  info.has_stats = Exists(JoinPath(info.dir, kStatsFile));
   return info;
 }
 

@@ -27,6 +27,8 @@ struct DatasetInfo {
   bool hash_matches_dir = false;
   bool has_labels = false;
   bool has_checksums = false;
+  bool has_samples = false;  // samples.json (common/samples.h)
+  bool has_stats = false;    // shardcast_stats.json (common/stats.h)
 };
 
 /// Reads and checks metadata.json and shards.json of `dir` (no shard files

@@ -41,6 +41,7 @@
 #include "client/cli/commands.h"
 #include "common/file.h"
 #include "common/pickle.h"
+#include "common/samples.h"
 #include "common/pyjson.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -73,8 +74,6 @@ constexpr uint8_t kTokenLabel = 0;
 ///      ...]}
 /// One sample per line, in example order, so that it can be read as
 /// JSON or scanned line by line.
-constexpr char kSamplesFile[] = "samples.json";
-constexpr char kSamplesFormat[] = "shardcast.samples/1";
 
 /// The importer holds one example ([L, T, D] float32) in memory at least.
 constexpr double kMaxExampleBytes = 16.0 * (1 << 30);

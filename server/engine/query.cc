@@ -88,6 +88,37 @@ absl::StatusOr<VectorsResult> QueryEngine::GetExample(
   return r;
 }
 
+absl::StatusOr<std::string> QueryEngine::GetExampleInfo(
+    absl::string_view dataset, int64_t example) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  const DatasetInfo& info = reader->info();
+  const std::string path = JoinPath(info.dir, kSamplesFile);
+  std::shared_ptr<const SampleIndex> index;
+  {
+    MutexLock lock(&samples_mu_);
+    const std::string key = absl::StrCat(info.dir, "\n", info.hash);
+    auto it = samples_.find(key);
+    if (it != samples_.end()) {
+      index = it->second;
+    } else {
+      absl::StatusOr<std::unique_ptr<SampleIndex>> built =
+          SampleIndex::Build(path, info.desc.n_examples);
+      if (!built.ok()) {
+        if (built.status().code() == absl::StatusCode::kNotFound) {
+          return absl::NotFoundError(absl::StrCat(
+              "dataset ", info.dir_name, " has no ", kSamplesFile,
+              " (only `shardcast import` writes one)"));
+        }
+        return built.status();
+      }
+      index = std::move(*built);
+      samples_.emplace(key, index);
+    }
+  }
+  return index->Get(example);
+}
+
 absl::StatusOr<std::string> QueryEngine::GetLabels(absl::string_view dataset,
                                                    int64_t example) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,

@@ -8,12 +8,15 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "common/samples.h"
 #include "server/engine/catalog.h"
 
 namespace shardcast {
@@ -74,6 +77,13 @@ class QueryEngine {
   /// content_tokens uint8 labels; NOT_FOUND without labels.bin.
   absl::StatusOr<std::string> GetLabels(absl::string_view dataset,
                                         int64_t example) const;
+  /// The JSON record of one example in the dataset's samples.json
+  /// (common/samples.h; indexed on first use and kept). NOT_FOUND without
+  /// one; OUT_OF_RANGE; DATA_LOSS naming the file when it does not match
+  /// the dataset.
+  absl::StatusOr<std::string> GetExampleInfo(absl::string_view dataset,
+                                             int64_t example) const
+      ABSL_LOCKS_EXCLUDED(samples_mu_);
 
   const Catalog* catalog() const { return catalog_; }
   /// Bytes read from disk by queries so far.
@@ -85,6 +95,10 @@ class QueryEngine {
   const Catalog* catalog_;
   const QueryLimits limits_;
   mutable std::atomic<uint64_t> bytes_read_{0};
+  /// samples.json indexes by dataset directory and content hash.
+  mutable Mutex samples_mu_;
+  mutable std::map<std::string, std::shared_ptr<const SampleIndex>> samples_
+      ABSL_GUARDED_BY(samples_mu_);
 };
 
 }  // namespace shardcast

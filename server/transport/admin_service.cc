@@ -32,6 +32,8 @@ void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
   out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
   out->set_has_labels(info.has_labels);
   out->set_hash_matches_dir(info.hash_matches_dir);
+  out->set_has_example_info(info.has_samples);
+  out->set_has_stats(info.has_stats);
   for (const std::string& w : d.warnings) out->add_warnings(ValidUtf8(w));
 }
 

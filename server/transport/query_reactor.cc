@@ -103,6 +103,16 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       reply.set_labels(std::move(labels));
       return ProtoReply(reply);
     }
+    if (name == "GetExampleInfo") {
+      v1::GetExampleInfoRequest req;
+      RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      ASSIGN_OR_RETURN(std::string json,
+                       queries.GetExampleInfo(req.dataset(), req.example()));
+      v1::ExampleInfo reply;
+      reply.set_example(req.example());
+      reply.set_json(std::move(json));
+      return ProtoReply(reply);
+    }
     return absl::UnimplementedError(absl::StrCat("unknown method ", method_));
   }
 

@@ -9,6 +9,7 @@ place (one copy, by protobuf's parser). A compiled extension would save
 nothing per byte and would have to be built for every Python a cluster runs.
 """
 
+import json
 import os
 import queue
 import threading
@@ -352,6 +353,14 @@ class Client:
         reply = _call(self._query.GetLabels,
                       pb.GetLabelsRequest(dataset=dataset, example=example))
         return np.frombuffer(reply.labels, dtype=np.uint8)
+
+    def get_example_info(self, dataset, example):
+        """dict: what `shardcast import` kept of the example's source record
+        (samples.json: sample_idx, dataset_idx, seq_len, text_preview,
+        metadata); NOT_FOUND when the dataset has none."""
+        reply = _call(self._query.GetExampleInfo,
+                      pb.GetExampleInfoRequest(dataset=dataset, example=example))
+        return json.loads(reply.json)
 
     @staticmethod
     def _vectors(reply):

@@ -165,6 +165,11 @@ class QueryStub(object):
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetLabelsRequest.SerializeToString,
                 response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.Labels.FromString,
                 )
+        self.GetExampleInfo = channel.unary_unary(
+                '/shardcast.v1.Query/GetExampleInfo',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetExampleInfoRequest.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.ExampleInfo.FromString,
+                )
 
 
 class QueryServicer(object):
@@ -194,6 +199,16 @@ class QueryServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetExampleInfo(self, request, context):
+        """What the importer kept of one example's source record (samples.json
+        beside the shards, written by `shardcast import pkl`: sample_idx,
+        dataset_idx, seq_len, text preview, metadata) as JSON text. NOT_FOUND
+        when the dataset has no samples.json (DatasetInfo.has_example_info).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +226,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.GetLabels,
                     request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetLabelsRequest.FromString,
                     response_serializer=shardcast_dot_v1_dot_shardcast__pb2.Labels.SerializeToString,
+            ),
+            'GetExampleInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExampleInfo,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetExampleInfoRequest.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.ExampleInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -271,6 +291,23 @@ class Query(object):
         return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Query/GetLabels',
             shardcast_dot_v1_dot_shardcast__pb2.GetLabelsRequest.SerializeToString,
             shardcast_dot_v1_dot_shardcast__pb2.Labels.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetExampleInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Query/GetExampleInfo',
+            shardcast_dot_v1_dot_shardcast__pb2.GetExampleInfoRequest.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.ExampleInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
