@@ -184,6 +184,8 @@ v1::StreamRequest ToProto(const StreamRequest& r) {
   out.set_epochs(r.epochs);
   out.set_rank(r.rank);
   out.set_world_size(r.world_size);
+  out.set_node_rank(r.node_rank);
+  out.set_node_count(r.node_count);
   out.set_drop_last(r.drop_last);
   for (uint32_t l : r.exclude_labels) out.add_exclude_labels(l);
   out.set_resume_token(r.resume_token);

@@ -167,6 +167,10 @@ struct StreamRequest {
   int64_t epochs = 1;      // 0 = endless
   int64_t rank = 0;        // this client's rank in [0, world_size)
   int64_t world_size = 1;  // 0 or 1: no partition
+  // Node group (see shardcast.proto): node_count 0 takes the daemon's
+  // --node-rank/--node-count.
+  int64_t node_rank = 0;
+  int64_t node_count = 0;
   bool drop_last = false;  // drop each epoch's last, short batch
   // Drop content tokens whose label (labels.bin) is one of these (0-255).
   std::vector<uint32_t> exclude_labels;

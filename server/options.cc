@@ -106,6 +106,15 @@ const std::vector<DaemonOption>& Table() {
       {"shuffle-window", "shuffle_window", "N",
        "blocks a shuffled stream draws its vectors from", OptionKind::kInteger,
        &O::shuffle_window, 1, kNoMax},
+      {"node-rank", "node_rank", "R",
+       "this node's group among --node-count: shuffled streams read blocks "
+       "b with b mod node-count == R only, ordered streams the R-th "
+       "contiguous share (a request may name its own)",
+       OptionKind::kInteger, &O::node_rank, 0, kNoMax},
+      {"node-count", "node_count", "N",
+       "node groups the data is shared out among (1: this node reads all); "
+       "give every node's daemon the same N and --block-bytes",
+       OptionKind::kInteger, &O::node_count, 1, 1 << 20},
       {"lag-blocks", "lag_blocks", "N",
        "blocks a stream may fall behind its shared scan before the scan goes "
        "on without it",
@@ -326,6 +335,8 @@ EngineOptions DaemonOptions::Engine() const {
   e.scans.read_mode = *ParseScanReadMode(read_mode);  // checked by the table
   e.scans.register_buffers = register_buffers;
   e.scans.start_delay = std::chrono::milliseconds(scan_start_delay_ms);
+  e.node_rank = node_rank;
+  e.node_count = node_count;
   return e;
 }
 
@@ -414,6 +425,11 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
   }
   if (options.roots.empty()) {
     return absl::InvalidArgumentError("no dataset root given (--root DIR)");
+  }
+  if (options.node_rank >= options.node_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node-rank ", options.node_rank,
+                     " must be below --node-count ", options.node_count));
   }
   if (options.unix_socket.empty() && options.tcp_address.empty()) {
     return absl::InvalidArgumentError(

@@ -78,6 +78,12 @@ struct DaemonOptions {
   bool prefault = false;          // touch the reservoir at start
   /// A new shared scan waits this long for more clients before reading.
   int64_t scan_start_delay_ms = 100;
+  /// This daemon's node group (StreamSpec::node_rank/node_count) for
+  /// streams that do not name one: daemons on N nodes with node ranks
+  /// 0..N-1 read disjoint shares of every selection (same --block-bytes on
+  /// all of them).
+  int64_t node_rank = 0;
+  int64_t node_count = 1;
 
   /// The engine's part of these settings.
   EngineOptions Engine() const;

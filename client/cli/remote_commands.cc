@@ -175,12 +175,15 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
   auto epochs = args.GetInt("epochs", 1);
   auto rank = args.GetInt("rank", 0);
   auto world = args.GetInt("world-size", 1);
+  auto node_rank = args.GetInt("node-rank", 0);
+  auto node_count = args.GetInt("node-count", 0);
   auto seed = args.GetInt("seed", 0);
   auto layer = args.GetInt("layer", 0);
   auto exclude = args.GetIntList("exclude-labels", "");
   for (const absl::Status& s :
        {batch.status(), epochs.status(), rank.status(), world.status(),
-        seed.status(), layer.status()}) {
+        seed.status(), layer.status(), node_rank.status(),
+        node_count.status()}) {
     RETURN_IF_ERROR(s);
   }
   if (args.Has("exclude-labels")) {
@@ -226,6 +229,8 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
   req.batch_size = *batch;
   req.epochs = *epochs;
   req.rank = *rank;
+  req.node_rank = *node_rank;
+  req.node_count = *node_count;
   req.world_size = *world;
   req.seed = static_cast<uint64_t>(*seed);
   req.drop_last = args.Has("drop-last");
@@ -559,6 +564,10 @@ std::vector<OptionSpec> StreamRequestOptions() {
       {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
       {"rank", "R", "partition rank (default 0)"},
       {"world-size", "W", "partition count (default 1)"},
+      {"node-rank", "N", "node group of this stream (default: the daemon's)"},
+      {"node-count", "N",
+       "node groups the data is shared out among (default: the daemon's "
+       "--node-count)"},
       {"seed", "S", "shuffle seed"},
       {"drop-last", nullptr, "drop each epoch's short last batch"},
       {"exclude-labels", "L1,L2,...",

@@ -84,6 +84,10 @@ std::pair<int64_t, int64_t> Engine::Rescan() {
 
 absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
     StreamOptions o) {
+  if (o.spec.node_count == 0) {
+    o.spec.node_rank = options_.node_rank;
+    o.spec.node_count = options_.node_count;
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(o.dataset));
   const DatasetDesc& d = reader->desc();

@@ -41,6 +41,9 @@ struct EngineOptions {
   /// Authenticates resume tokens (TokenSealer); empty: a random key, so
   /// tokens are good until the process ends.
   std::string token_key;
+  /// The node group of streams that do not name one (StreamSpec).
+  int64_t node_rank = 0;
+  int64_t node_count = 1;
 };
 
 /// How a stream visits its selection.
@@ -52,6 +55,7 @@ enum class StreamOrder {
 /// One stream as a transport received it. Plain data.
 struct StreamOptions {
   std::string dataset;  // id or unique prefix (never a path)
+  /// spec.node_count 0: the engine's node group (EngineOptions).
   StreamSpec spec;
   StreamOrder order = StreamOrder::kShuffled;
   uint64_t seed = 0;  // shuffled streams only

@@ -30,10 +30,14 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
   s->dataset_id_ = std::move(dataset_id);
   s->spec_ = spec;
   s->disk_bytes_ = disk_bytes;
-  // Ranks get contiguous, disjoint ranges that together cover the selection.
+  // Node groups, then the ranks within one, get contiguous, disjoint ranges
+  // that together cover the selection.
   const int64_t v = s->sel_.num_vectors();
-  s->lo_ = MulDiv(v, spec.rank, spec.world_size);
-  s->hi_ = MulDiv(v, spec.rank + 1, spec.world_size);
+  const int64_t node_lo = MulDiv(v, spec.node_rank, spec.node_count);
+  const int64_t node_v =
+      MulDiv(v, spec.node_rank + 1, spec.node_count) - node_lo;
+  s->lo_ = node_lo + MulDiv(node_v, spec.rank, spec.world_size);
+  s->hi_ = node_lo + MulDiv(node_v, spec.rank + 1, spec.world_size);
   s->next_ = s->lo_;
   for (uint8_t l : spec.exclude_labels) s->exclude_[l] = true;
   const DatasetDesc& d = s->reader_->desc();

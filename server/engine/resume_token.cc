@@ -74,7 +74,11 @@ uint64_t StreamFingerprint(absl::string_view kind, absl::string_view dataset,
       kind, "|", dataset, "|",
       spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all", "|",
       static_cast<int>(spec.tokens), "|", spec.batch_size, "|", spec.rank, "/",
-      spec.world_size, "|", spec.drop_last, extra.empty() ? "" : "|", extra,
+      spec.world_size,
+      spec.node_count > 1
+          ? absl::StrCat("|node ", spec.node_rank, "/", spec.node_count)
+          : "",
+      "|", spec.drop_last, extra.empty() ? "" : "|", extra,
       "|", absl::StrJoin(spec.exclude_labels, ",")));
   return std::stoull(h.HexDigest().substr(0, 16), nullptr, 16);
 }

@@ -116,10 +116,12 @@ void SharedScan::NewCycle() {
 }
 
 IndexSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
-  // The blocks holding at least one vector of the subscriber's partition
-  // (g mod world_size == rank).
+  // The blocks of the subscriber's node group (b mod node_count ==
+  // node_rank) holding at least one vector of its partition (g mod
+  // world_size == rank).
   IndexSet s(layout_.num_blocks);
-  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+  for (int64_t b = spec.node_rank; b < layout_.num_blocks;
+       b += spec.node_count) {
     const int64_t first = layout_.first_vector(b);
     const int64_t n = layout_.vectors(b);
     const int64_t offset =

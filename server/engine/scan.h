@@ -182,6 +182,7 @@ struct SubscriberSpec {
   std::string peer;    // for status and logs
   std::string client;  // the transport's id of the stream ("s7")
   int64_t rank = 0, world_size = 1;
+  int64_t node_rank = 0, node_count = 1;  // StreamSpec's node group
   int64_t epoch = 0;   // first epoch fed
   int64_t epochs = 0;  // 0 = endless
   /// Blocks still needed in `epoch` (a resume token's); empty = all.

@@ -32,6 +32,17 @@ absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
         absl::StrCat("rank ", spec->rank,
                      " is not in [0, world_size = ", spec->world_size, ")"));
   }
+  if (spec->node_count <= 0) spec->node_count = 1;
+  if (spec->node_count > limits::kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_count must be at most ", limits::kMaxWorldSize,
+                     ", got ", spec->node_count));
+  }
+  if (spec->node_rank < 0 || spec->node_rank >= spec->node_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_rank ", spec->node_rank,
+                     " is not in [0, node_count = ", spec->node_count, ")"));
+  }
   if (!spec->exclude_labels.empty() && !info.has_labels) {
     return absl::InvalidArgumentError(
         absl::StrCat("exclude_labels filters by labels.bin, but dataset ",

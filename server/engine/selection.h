@@ -26,6 +26,13 @@ struct StreamSpec {
   int64_t epochs = 1;  // 0 = endless
   int64_t rank = 0;
   int64_t world_size = 1;
+  /// Node groups (shuffled streams): the selection's blocks are shared out
+  /// among `node_count` groups, block b to group b mod node_count; this
+  /// stream reads group `node_rank`'s blocks only, and `rank`/`world_size`
+  /// split the vectors of those blocks. Daemons on N nodes with node ranks
+  /// 0..N-1 then read the data once in total, not N times.
+  int64_t node_rank = 0;
+  int64_t node_count = 1;
   bool drop_last = false;
   /// Drop content tokens whose label (labels.bin) is in this set. CLS tokens
   /// have no label and are never dropped.

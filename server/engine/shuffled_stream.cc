@@ -46,6 +46,17 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
   s->per_epoch_ = s->filter_      ? -1
                   : v > spec.rank ? (v - spec.rank - 1) / spec.world_size + 1
                                   : 0;
+  if (!s->filter_ && spec.node_count > 1) {
+    // This node group's blocks only: their vectors of this rank.
+    const BlockLayout& l = s->layout_;
+    const int64_t w = spec.world_size;
+    s->per_epoch_ = 0;
+    for (int64_t b = spec.node_rank; b < l.num_blocks; b += spec.node_count) {
+      const int64_t first = l.first_vector(b), n = l.vectors(b);
+      const int64_t local = ((spec.rank - first) % w + w) % w;
+      if (local < n) s->per_epoch_ += (n - local - 1) / w + 1;
+    }
+  }
   const DatasetDesc& d = reader->desc();
   s->shape_.batch_size = spec.batch_size;
   s->shape_.d_model = d.d_model;
@@ -60,6 +71,8 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
   sub.client = std::move(client);
   sub.rank = spec.rank;
   sub.world_size = spec.world_size;
+  sub.node_rank = spec.node_rank;
+  sub.node_count = spec.node_count;
   sub.epochs = spec.epochs;
   int64_t batch_index = 0;
   if (!resume_token.empty()) {

@@ -526,6 +526,51 @@ TEST_F(ShuffledStreamTest,
       << "ranks on one node must share the scan";
 }
 
+TEST_F(ShuffledStreamTest, NodeGroupsReadDisjointBlocksAndTogetherCoverAll) {
+  // 3 node groups x 2 ranks, all on this engine: each group's streams need
+  // only blocks b with b mod 3 == group, so the scan reads every block once;
+  // the six streams' vectors are disjoint and cover the selection, and
+  // vectors_per_epoch counts each stream's share exactly.
+  const std::vector<Row> selection =
+      Expected(std::nullopt, TokenSelection::kContent);
+  StreamSpec spec;
+  spec.batch_size = 8;
+  spec.world_size = 2;
+  spec.node_count = 3;
+  std::vector<std::unique_ptr<ShuffledStream>> streams;
+  for (int64_t node = 0; node < 3; ++node) {
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      spec.node_rank = node;
+      spec.rank = rank;
+      streams.push_back(Open(spec, 5));
+      ASSERT_NE(streams.back(), nullptr);
+    }
+  }
+  std::vector<Drained> out(streams.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { out[i] = Drain(streams[i].get(), 8, -1, 0); });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<Row> all;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status;
+    EXPECT_FALSE(out[i].rows.empty()) << "stream " << i;
+    EXPECT_EQ(static_cast<int64_t>(out[i].rows.size()),
+              streams[i]->vectors_per_epoch())
+        << "stream " << i;
+    all.insert(all.end(), out[i].rows.begin(), out[i].rows.end());
+  }
+  EXPECT_EQ(Sorted(all), Sorted(selection));
+  EXPECT_LE(static_cast<double>(engine_->blocks_read()),
+            1.05 * NumBlocks(spec));
+  StreamSpec bad = spec;
+  bad.node_rank = 3;
+  EXPECT_EQ(Create(bad, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ShuffledStreamTest,
        ResumeFromATokenTakenMidEpochDeliversExactlyTheRest) {
   StreamSpec spec;

@@ -29,6 +29,8 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
   spec.epochs = req.epochs();
   spec.rank = req.rank();
   spec.world_size = req.world_size();
+  spec.node_rank = req.node_rank();
+  spec.node_count = req.node_count();  // 0: the daemon's --node-count
   spec.drop_last = req.drop_last();
   for (uint32_t l : req.exclude_labels()) {
     if (l > 255) {

@@ -374,7 +374,8 @@ class Client:
     def stream(self, dataset, *, layer=None, tokens="content", order="shuffled",
                batch_size=4096, seed=0, epochs=1, rank=0, world_size=1,
                drop_last=False, exclude_labels=(), resume_token=b"", copy=False,
-               shared_memory=None, dtype="float32", scale_norm=False, center=False):
+               shared_memory=None, dtype="float32", scale_norm=False, center=False,
+               node_rank=0, node_count=0):
         """A Stream of Batch objects (README.md, "The daemon", Stream).
 
         `layer`: a recorded layer value, or None for all layers; `tokens`:
@@ -384,6 +385,8 @@ class Client:
         `exclude_labels`: drop content tokens with these labels;
         `resume_token`: a Batch's token, to continue right after it. With
         `copy=True` each batch owns its vectors (the slot goes back at once).
+        `node_rank`/`node_count`: the node group whose share of the data this
+        stream reads (node_count 0: the daemon's --node-rank/--node-count).
         Transforms, applied by the daemon while it gathers each batch:
         `center` subtracts the layer's mean vector, `scale_norm` scales to a
         mean L2 norm of sqrt(d_model) (statistics from `shardcast stats`, or
@@ -402,7 +405,8 @@ class Client:
             world_size=world_size, drop_last=drop_last,
             exclude_labels=[int(x) for x in exclude_labels],
             resume_token=bytes(resume_token), dtype=_DTYPES[dtype],
-            scale_norm=bool(scale_norm), center=bool(center))
+            scale_norm=bool(scale_norm), center=bool(center), node_rank=node_rank,
+            node_count=node_count)
         if layer is not None:
             request.layer = layer
         use_shm = self.shared_memory if shared_memory is None else shared_memory
