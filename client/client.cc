@@ -125,6 +125,8 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   DaemonStatus out;
   out.version = s.version();
   out.uptime_seconds = s.uptime_seconds();
+  out.node_rank = s.node_rank();
+  out.node_count = std::max<int64_t>(1, s.node_count());
   out.connected_clients = s.connected_clients();
   out.calls_total = s.calls_total();
   out.calls_failed = s.calls_failed();
@@ -539,7 +541,9 @@ std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
       ::stat(socket.c_str(), &st) == 0 && request.batch_size > 0) {
     absl::StatusOr<DatasetDescription> d = DescribeDataset(request.dataset);
     if (!d.ok()) return std::make_unique<FailedBatchStream>(d.status());
-    const uint64_t vector_bytes = static_cast<uint64_t>(d->d_model) * 4;
+    const uint64_t vector_bytes =
+        static_cast<uint64_t>(d->d_model) *
+        (request.dtype == StreamRequest::DType::kFloat32 ? 4 : 2);
     const int slots = std::clamp(impl_->options.shared_memory_slots, 2, 16);
     absl::StatusOr<std::shared_ptr<const internal_client::ClientRegion>>
         region =

@@ -112,6 +112,8 @@ struct DaemonStatus {
   };
   std::string version;
   double uptime_seconds = 0;
+  int64_t node_rank = 0;   // node group of streams that name none
+  int64_t node_count = 1;
   int64_t connected_clients = 0;  // calls in flight
   uint64_t calls_total = 0;
   uint64_t calls_failed = 0;

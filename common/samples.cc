@@ -76,7 +76,8 @@ absl::StatusOr<std::string> SampleIndex::Get(int64_t example) const {
   }
   std::string text(static_cast<size_t>(end - begin), '\0');
   RETURN_IF_ERROR(PreadFull(fd_.get(), text.data(), text.size(), begin, path_));
-  while (!text.empty() && (text.back() == '\n' || text.back() == ',')) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' ||
+                           text.back() == ',' || text.back() == ' ')) {
     text.pop_back();
   }
   absl::StatusOr<Json> j = ParseJson(text, path_);

@@ -70,9 +70,30 @@ absl::StatusOr<std::unique_ptr<StreamChecker>> StreamChecker::Create(
   c->shuffled_ = request.order != StreamRequest::Order::kOrdered;
   c->world_size_ = std::max<int64_t>(1, request.world_size);
   c->rank_ = request.rank;
+  // The node group (shardcast.proto, StreamRequest.node_rank): the
+  // request's, else the daemon's default.
+  int64_t node_rank = request.node_rank, node_count = request.node_count;
+  if (node_count == 0) {
+    absl::StatusOr<DaemonStatus> status = client->GetStatus();
+    node_rank = status.ok() ? status->node_rank : 0;
+    node_count = status.ok() ? status->node_count : 1;
+  }
+  node_count = std::max<int64_t>(1, node_count);
   const __int128 v = c->num_vectors_;
-  c->lo_ = static_cast<int64_t>(v * c->rank_ / c->world_size_);
-  c->hi_ = static_cast<int64_t>(v * (c->rank_ + 1) / c->world_size_);
+  const __int128 node_lo = v * node_rank / node_count;
+  const __int128 node_v = v * (node_rank + 1) / node_count - node_lo;
+  c->lo_ = static_cast<int64_t>(node_lo + node_v * c->rank_ / c->world_size_);
+  c->hi_ =
+      static_cast<int64_t>(node_lo + node_v * (c->rank_ + 1) / c->world_size_);
+  // Shuffled streams of a node group get the blocks of the group: which
+  // vectors those are depends on the daemon's --block-bytes, so coverage is
+  // only checked over all groups (each vector still follows the rank rule).
+  c->coverage_known_ = !(c->shuffled_ && node_count > 1);
+  if (!c->coverage_known_) {
+    c->group_note_ = absl::StrCat("node group ", node_rank, " of ", node_count,
+                            ": repeats and the selection/rank rule checked, "
+                            "coverage only over all groups");
+  }
   c->batch_size_ = std::max<int64_t>(1, request.batch_size);
   c->drop_last_ = request.drop_last;
   c->epochs_ = request.epochs;
@@ -159,7 +180,7 @@ void StreamChecker::StartEpoch(int64_t epoch, bool partial_start) {
 void StreamChecker::CloseEpoch(bool ended) {
   Epoch& e = epochs_seen_.back();
   e.ended = ended;
-  if (!ended || e.partial_start) {
+  if (!ended || e.partial_start || !coverage_known_) {
     e.expected.reset();
     e.complete = false;
     return;
@@ -435,6 +456,7 @@ void StreamChecker::Finish(End end) {
                        "selection membership were checked"));
     }
   }
+  if (!group_note_.empty()) notes.push_back(group_note_);
   note_ = absl::StrJoin(notes, "; ");
 }
 
@@ -472,7 +494,7 @@ std::vector<std::string> StreamChecker::EpochLines() const {
         e.expected ? absl::StrCat(" of ", *e.expected, " expected")
                    : std::string(),
         ", ", e.repeated, " repeated, ", e.outside, " outside the selection");
-    if (e.partial_start || !e.ended) {
+    if (e.partial_start || !e.ended || !coverage_known_) {
       absl::StrAppend(&line, " (partial: repeats and selection checked only)");
     } else {
       absl::StrAppend(&line, e.complete ? ": complete" : ": INCOMPLETE");

@@ -120,6 +120,8 @@ class StreamChecker {
   int64_t epochs_ = 1;
   bool resumed_ = false;
   bool filter_ = false;
+  bool coverage_known_ = true;  // false: a node group's shuffled share
+  std::string group_note_;      // why, for note()
   bool exclude_[256] = {};
   std::string labels_;    // [n_examples, content_tokens] when filtering
   int64_t expected_ = 0;  // per complete epoch, after drop_last

@@ -107,7 +107,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
     ASSIGN_OR_RETURN(token, tokens_.Open(o.resume_token));
   }
   // The transform first: computing statistics is the slow part, and a
-  // stream that cannot have them must not join a scan.
+  // stream that cannot have them must not join a scan. A request that is
+  // bad anyway is refused before that.
+  RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &o.spec));
+  RETURN_IF_ERROR(Selection::Create(d, o.spec).status());
   VectorTransform transform;
   if (o.spec.transform.needs_stats() ||
       o.spec.transform.dtype != OutputDType::kFloat32) {
@@ -142,32 +145,60 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
 absl::StatusOr<Engine::StatsEntry> Engine::Stats(const DatasetReader& reader) {
   const DatasetInfo& info = reader.info();
   const std::string key = absl::StrCat(info.dir, "\n", info.hash);
-  MutexLock lock(&stats_mu_);
-  auto it = stats_.find(key);
-  if (it != stats_.end()) return it->second;
+  std::shared_ptr<StatsSlot> slot;
+  {
+    MutexLock lock(&stats_mu_);
+    std::shared_ptr<StatsSlot>& entry = stats_[key];
+    if (entry != nullptr) {
+      slot = entry;
+      stats_done_.Wait(&stats_mu_, [&slot]() { return slot->done; });
+      if (!slot->status.ok()) return slot->status;
+      return slot->entry;
+    }
+    entry = slot = std::make_shared<StatsSlot>();
+  }
+  absl::StatusOr<StatsEntry> result = LoadOrComputeStats(reader);
+  {
+    MutexLock lock(&stats_mu_);
+    slot->done = true;
+    if (result.ok()) {
+      slot->entry = *result;
+    } else {
+      slot->status = result.status();
+    }
+  }
+  stats_done_.SignalAll();
+  return result;
+}
+
+absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(
+    const DatasetReader& reader) {
+  const DatasetInfo& info = reader.info();
   StatsEntry entry;
   absl::StatusOr<DatasetStats> read = ReadStatsSidecar(info);
   if (read.ok()) {
     entry.origin = absl::StrCat("statistics from ", kStatsFile);
     entry.stats = std::make_shared<const DatasetStats>(std::move(*read));
-  } else if (read.status().code() == absl::StatusCode::kNotFound) {
-    LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
-            "; computing its statistics for scale_norm/center now (a full "
-            "read of ", info.desc.n_examples * info.desc.example_bytes() >> 20,
-            " MiB; `shardcast stats ", info.dir, "` stores them)");
-    const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(DatasetStats computed, ComputeDatasetStats(reader));
-    const double seconds = std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - start)
-                               .count();
-    LogInfo("dataset ", info.dir_name, ": statistics computed in ", seconds,
-            " s");
-    entry.origin = "statistics computed on first use";
-    entry.stats = std::make_shared<const DatasetStats>(std::move(computed));
-  } else {
-    return read.status();
+    return entry;
   }
-  stats_.emplace(key, entry);
+  if (read.status().code() != absl::StatusCode::kNotFound) return read.status();
+  LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
+          "; computing its statistics for scale_norm/center now (a full "
+          "read of ", info.desc.n_examples * info.desc.example_bytes() >> 20,
+          " MiB; `shardcast stats ", info.dir, "` stores them)");
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<DatasetStats> computed = ComputeDatasetStats(reader);
+  if (!computed.ok()) {
+    LogWarning("dataset ", info.dir_name, ": statistics could not be computed: ",
+               computed.status().message());
+    return computed.status();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  LogInfo("dataset ", info.dir_name, ": statistics computed in ", seconds, " s");
+  entry.origin = "statistics computed on first use";
+  entry.stats = std::make_shared<const DatasetStats>(std::move(*computed));
   return entry;
 }
 

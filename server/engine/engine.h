@@ -101,6 +101,10 @@ class Engine {
   std::pair<int64_t, int64_t> Rescan();
 
   const Catalog& catalog() const { return *catalog_; }
+  /// The node group of streams that name none (EngineOptions).
+  std::pair<int64_t, int64_t> node_group() const {
+    return {options_.node_rank, options_.node_count};
+  }
   const QueryEngine& queries() const { return queries_; }
 
   /// Opens a stream: resolves the dataset (NOT_FOUND, INVALID_ARGUMENT for a
@@ -125,9 +129,12 @@ class Engine {
   /// A dataset's statistics (common/stats.h) for scale_norm and center:
   /// its sidecar when present and valid, else computed now from the data
   /// (a full read of the dataset, logged; kept in memory, never written
-  /// into the roots) and cached for the daemon's life. `origin` says which.
-  /// Errors of ReadStatsSidecar (other than NOT_FOUND) and of
-  /// ComputeDatasetStats. Blocks the calling thread while computing.
+  /// into the roots). Loaded or computed once per dataset, outside any lock
+  /// other callers need: concurrent callers for the same dataset wait for
+  /// that one result, others go on; the result (an error too) is kept for
+  /// the daemon's life. `origin` says where it came from. Errors of
+  /// ReadStatsSidecar (other than NOT_FOUND) and of ComputeDatasetStats.
+  /// Blocks the calling thread while computing.
   struct StatsEntry {
     std::shared_ptr<const DatasetStats> stats;
     std::string origin;  // "statistics from shardcast_stats.json", ...
@@ -146,9 +153,18 @@ class Engine {
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};
-  /// Statistics by dataset directory; one computation at a time.
+  /// Statistics by dataset directory and content hash; a slot's fields
+  /// are read and written under stats_mu_, `done` set once.
+  struct StatsSlot {
+    bool done = false;
+    absl::Status status;
+    StatsEntry entry;
+  };
+  absl::StatusOr<StatsEntry> LoadOrComputeStats(const DatasetReader& reader);
   Mutex stats_mu_;
-  std::map<std::string, StatsEntry> stats_ ABSL_GUARDED_BY(stats_mu_);
+  CondVar stats_done_;
+  std::map<std::string, std::shared_ptr<StatsSlot>> stats_
+      ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace shardcast

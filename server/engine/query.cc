@@ -94,29 +94,31 @@ absl::StatusOr<std::string> QueryEngine::GetExampleInfo(
                    catalog_->Resolve(dataset));
   const DatasetInfo& info = reader->info();
   const std::string path = JoinPath(info.dir, kSamplesFile);
-  std::shared_ptr<const SampleIndex> index;
+  const std::string key = absl::StrCat(info.dir, "\n", info.hash);
   {
     MutexLock lock(&samples_mu_);
-    const std::string key = absl::StrCat(info.dir, "\n", info.hash);
     auto it = samples_.find(key);
     if (it != samples_.end()) {
-      index = it->second;
-    } else {
-      absl::StatusOr<std::unique_ptr<SampleIndex>> built =
-          SampleIndex::Build(path, info.desc.n_examples);
-      if (!built.ok()) {
-        if (built.status().code() == absl::StatusCode::kNotFound) {
-          return absl::NotFoundError(absl::StrCat(
-              "dataset ", info.dir_name, " has no ", kSamplesFile,
-              " (only `shardcast import` writes one)"));
-        }
-        return built.status();
-      }
-      index = std::move(*built);
-      samples_.emplace(key, index);
+      if (!it->second.ok()) return it->second.status();
+      return (*it->second)->Get(example);
     }
   }
-  return index->Get(example);
+  // Indexed outside the lock (one read of the file): other datasets'
+  // calls do not wait for it. Two first calls may both index; one wins.
+  // A failure is kept too, so a broken file is not read again per call.
+  absl::StatusOr<std::shared_ptr<const SampleIndex>> index =
+      SampleIndex::Build(path, info.desc.n_examples);
+  if (!index.ok() && index.status().code() == absl::StatusCode::kNotFound) {
+    index = absl::NotFoundError(
+        absl::StrCat("dataset ", info.dir_name, " has no ", kSamplesFile,
+                     " (only `shardcast import` writes one)"));
+  }
+  {
+    MutexLock lock(&samples_mu_);
+    index = samples_.emplace(key, std::move(index)).first->second;
+  }
+  if (!index.ok()) return index.status();
+  return (*index)->Get(example);
 }
 
 absl::StatusOr<std::string> QueryEngine::GetLabels(absl::string_view dataset,

@@ -97,8 +97,9 @@ class QueryEngine {
   mutable std::atomic<uint64_t> bytes_read_{0};
   /// samples.json indexes by dataset directory and content hash.
   mutable Mutex samples_mu_;
-  mutable std::map<std::string, std::shared_ptr<const SampleIndex>> samples_
-      ABSL_GUARDED_BY(samples_mu_);
+  mutable std::map<std::string,
+                   absl::StatusOr<std::shared_ptr<const SampleIndex>>>
+      samples_ ABSL_GUARDED_BY(samples_mu_);
 };
 
 }  // namespace shardcast

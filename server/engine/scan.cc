@@ -41,7 +41,9 @@ Block::~Block() {
 
 absl::Status Block::CheckMapped() const {
   if (pieces.empty()) return absl::OkStatus();
-  if (MapFaults() != faults_when_read) {
+  // A repaired fault leaves a page of zeros in the map for good: every
+  // block of that file is damaged from then on, not only those read before.
+  if (MapFaults() != 0) {
     return absl::DataLossError(absl::StrCat(
         "data of ", pieces.front().file->path(),
         " became unreadable while it was being served (the file shrank or "
@@ -487,6 +489,12 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
       }
       const uint64_t length = static_cast<uint64_t>(j1 - j0) * vb;
       const uint64_t row_start = loc.offset - static_cast<uint64_t>(j0) * vb;
+      if (loc.offset > file->size() || length > file->size() - loc.offset) {
+        // Shorter than the catalog saw: shrunk before it was mapped.
+        return absl::DataLossError(absl::StrCat(
+            file->path(), " is ", file->size(), " bytes; the selection needs ",
+            loc.offset + length, " (the file shrank)"));
+      }
       block->pieces.push_back(
           {file, loc.offset, length, file->data() + row_start});
       BlockRead::Touch* prev =
@@ -516,7 +524,6 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     }
     g += j1 - j0;
   }
-  if (maps_ != nullptr) block->faults_when_read = block->MapFaults();
   if (reader_->info().has_labels && first_example >= 0) {
     const uint64_t c = static_cast<uint64_t>(d.content_tokens);
     block->first_example = first_example;

@@ -111,7 +111,6 @@ struct Block {
   int64_t row_skip = 0;
   int64_t row_vectors = 0;
   std::shared_ptr<const ShardMaps> maps;  // keeps `pieces` mapped
-  uint64_t faults_when_read = 0;          // sum of the pieces' maps' faults
   /// Content-token labels of examples [first_example, ...), when present.
   int64_t first_example = 0;
   std::string labels;
@@ -126,10 +125,10 @@ struct Block {
            static_cast<size_t>(at % row_vectors) * vector_bytes;
   }
   /// Sum of the faults of the maps the pieces are in (MappedFile::faults):
-  /// more than faults_when_read means a copy may hold zeros for lost data.
+  /// above 0, a page of the file reads zeros in the map for good.
   uint64_t MapFaults() const;
   /// OK when every byte a copy from the pieces read is still in its file:
-  /// no fault since the block was made, and no file now ends before a
+  /// no fault ever repaired in their maps, and no file now ends before a
   /// piece does (a file that shrank within a page reads zeros silently).
   /// DATA_LOSS naming the file otherwise.
   absl::Status CheckMapped() const;

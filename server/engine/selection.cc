@@ -32,7 +32,11 @@ absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
         absl::StrCat("rank ", spec->rank,
                      " is not in [0, world_size = ", spec->world_size, ")"));
   }
-  if (spec->node_count <= 0) spec->node_count = 1;
+  if (spec->node_count == 0) spec->node_count = 1;
+  if (spec->node_count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_count must be >= 1 (0: the daemon's), got ", spec->node_count));
+  }
   if (spec->node_count > limits::kMaxWorldSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("node_count must be at most ", limits::kMaxWorldSize,

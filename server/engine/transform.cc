@@ -1,5 +1,6 @@
 #include "server/engine/transform.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,8 +41,12 @@ __attribute__((target("avx,f16c"))) void FloatsToHalfF16c(uint16_t* dst,
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") != 0 &&
-                          __builtin_cpu_supports("avx") != 0;
+  // CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c").
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx") != 0;
+  }();
   return has;
 }
 
@@ -128,6 +133,8 @@ inline __m128 Affine4(const char* src, const float* mean, __m128 s) {
 }
 
 }  // namespace
+
+bool HasF16cConversion() { return HasF16c(); }
 
 absl::string_view OutputDTypeName(OutputDType dtype) {
   switch (dtype) {

@@ -97,6 +97,8 @@ uint16_t FloatToHalf(float f);
 /// Converts n floats (dst and src may not overlap).
 void FloatsToBFloat16(uint16_t* dst, const float* src, int64_t n);
 void FloatsToHalf(uint16_t* dst, const float* src, int64_t n);
+/// Whether FloatsToHalf uses the processor's F16C conversion.
+bool HasF16cConversion();
 
 }  // namespace shardcast
 

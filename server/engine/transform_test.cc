@@ -60,7 +60,7 @@ __attribute__((target("f16c"))) uint16_t HardwareHalf(float f) {
 }
 
 TEST(Transform, PortableHalfMatchesTheProcessorsConversion) {
-  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C here";
+  if (!HasF16cConversion()) GTEST_SKIP() << "no F16C here";
   std::mt19937 rng(7);
   std::vector<float> src;
   for (int i = 0; i < 2000000; ++i) {

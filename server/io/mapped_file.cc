@@ -149,13 +149,13 @@ MappedFile::~MappedFile() {
 }
 
 absl::Status MappedFile::Populate(uint64_t offset, uint64_t length) const {
-  if (length == 0 || g_no_populate.load(std::memory_order_relaxed)) {
-    return absl::OkStatus();
-  }
   if (offset > size_ || length > size_ - offset) {
     return absl::DataLossError(
         absl::StrCat(path_, ": bytes [", offset, ", ", offset + length,
                      ") are beyond its end (", size_, " bytes when mapped)"));
+  }
+  if (length == 0 || g_no_populate.load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
   }
   const uint64_t begin = offset / g_page * g_page;
   const uint64_t end = offset + length;

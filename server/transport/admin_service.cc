@@ -74,6 +74,8 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   const Metrics& m = *context_.metrics;
   const EngineFigures e = context_.engine->Figures();
   response->set_version(kShardcastVersion);
+  response->set_node_rank(context_.engine->node_group().first);
+  response->set_node_count(context_.engine->node_group().second);
   response->set_uptime_seconds(
       absl::ToDoubleSeconds(absl::Now() - m.start_time));
   response->set_connected_clients(m.calls_in_flight.load());

@@ -93,3 +93,14 @@ def test_a_record_edited_out_of_place_is_data_loss(start_daemon, imported):
         with pytest.raises(shardcast.Error) as err:
             client.get_example_info(dataset, 1)
         assert err.value.code == "DATA_LOSS", err.value
+
+
+def test_crlf_line_ends_are_read_too(start_daemon, imported):
+    """A samples.json that went through a tool writing CRLF still serves."""
+    src, root, dataset, _ = imported
+    path = root / dataset / "samples.json"
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    d = start_daemon(roots=[root])
+    with shardcast.Client(d.address) as client:
+        for e, sample in enumerate(src.samples):
+            assert client.get_example_info(dataset, e)["sample_idx"] == sample["sample_idx"]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from package_fixtures import (SHARDCASTD_BIN, Reference, assert_exact_epoch,  # noqa: F401
+from package_fixtures import (SHARDCAST_BIN, SHARDCASTD_BIN, Reference,  # noqa: F401
+                              assert_exact_epoch,
                               datasets, package_logs, sockdir, start_daemon, synth)
 from sysprobe import evict, proc_read_bytes
 from test_scan_io import o_direct_works
@@ -125,12 +126,36 @@ def test_bad_node_groups_are_refused(start_daemon, cold_dataset, tmp_path):
     root, ref = cold_dataset
     d = start_daemon(*DAEMON, roots=[root], small=False)
     with shardcast.Client(d.address) as client:
-        for node_rank, node_count in ((3, 3), (-1, 2)):
+        for node_rank, node_count in ((3, 3), (-1, 2), (0, -2)):
             with pytest.raises(shardcast.Error) as e:
                 list(client.stream(ref.id, layer=6, batch_size=16, node_rank=node_rank,
                                    node_count=node_count))
-            assert e.value.code == "INVALID_ARGUMENT" and "node_rank" in str(e.value)
+            assert e.value.code == "INVALID_ARGUMENT" and "node_" in str(e.value)
     proc = subprocess.run([str(SHARDCASTD_BIN), "--root", str(root), "--listen",
                            f"unix:{tmp_path}/x.sock", "--node-rank", "2", "--node-count", "2"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
     assert proc.returncode == 1 and b"--node-rank 2 must be below --node-count 2" in proc.stderr
+
+
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+def test_cli_check_understands_node_groups(start_daemon, cold_dataset, order):
+    """`shardcast stream --check` of one node group's rank: the vectors it
+    gets follow the selection and rank rules, and (ordered) cover exactly
+    the group's share; with the group taken from the daemon's flags too."""
+    root, ref = cold_dataset
+    plain = start_daemon(*DAEMON, roots=[root], small=False)
+    grouped = start_daemon(*DAEMON, "--node-rank", 1, "--node-count", NODES, roots=[root],
+                           small=False)
+    for d, extra in ((plain, ["--node-rank", "1", "--node-count", str(NODES)]),
+                     (grouped, [])):
+        proc = subprocess.run(
+            [str(SHARDCAST_BIN), "--server", d.address, "stream", ref.id, "--layer", "12",
+             "--order", order, "--batch-size", "100", "--rank", "1", "--world-size", "2",
+             "--check", "--json"] + extra,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        out = proc.stdout.decode()
+        if order == "shuffled":
+            assert "node group 1 of 3" in out, out
+        else:
+            assert "complete" in out, out

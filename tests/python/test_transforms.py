@@ -295,3 +295,20 @@ def test_cli_stream_applies_the_transform_and_checks_membership(start_daemon, da
                           "--dtype", "float64"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, timeout=60)
     assert bad.returncode == 2 and b"--dtype" in bad.stderr
+
+
+def test_a_bad_request_is_refused_before_any_statistics_are_computed(start_daemon, data):
+    """Computing statistics reads the whole dataset: a request that is bad
+    anyway (rank outside world_size, CLS of a dataset without one) must be
+    refused at once, without that read."""
+    root, _, bare = data
+    d = start_daemon(*ALONE, roots=[root])
+    with shardcast.Client(d.address) as client:
+        with pytest.raises(shardcast.Error) as e:
+            list(client.stream(bare.id, layer=7, batch_size=8, rank=3, world_size=2,
+                               scale_norm=True))
+        assert e.value.code == "INVALID_ARGUMENT" and "rank" in str(e.value)
+        with pytest.raises(shardcast.Error) as e:
+            list(client.stream(bare.id, layer=5, batch_size=8, center=True))
+        assert e.value.code == "INVALID_ARGUMENT" and "layer" in str(e.value)
+    assert "computing its statistics" not in d.log.read_text()
