@@ -8,6 +8,7 @@ import json
 import subprocess
 
 import grpc
+import numpy as np
 import pytest
 
 from package_fixtures import (SHARDCAST_BIN, datasets, package_logs, sockdir,  # noqa: F401
@@ -104,3 +105,28 @@ def test_crlf_line_ends_are_read_too(start_daemon, imported):
     with shardcast.Client(d.address) as client:
         for e, sample in enumerate(src.samples):
             assert client.get_example_info(dataset, e)["sample_idx"] == sample["sample_idx"]
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "grpc"])
+def test_an_imported_dataset_streams_its_real_tokens(start_daemon, imported, shared_memory):
+    """Seed 002 through the daemon: a shuffled epoch with the padding label
+    excluded delivers exactly each sample's real tokens, with the values the
+    fixture pickled (and its record says the sequence length)."""
+    src, root, dataset, _ = imported
+    d = start_daemon("--scan-start-delay-ms", "0", roots=[root])
+    layer = src.layers[1]
+    want = {(e, t): s["acts"][layer][t] for e, s in enumerate(src.samples)
+            for t in range(s["seq_len"])}
+    got = {}
+    with shardcast.Client(d.address, shared_memory=shared_memory) as client:
+        for b in client.stream(dataset, layer=layer, tokens="all", batch_size=5, seed=2,
+                               exclude_labels=[255]):
+            assert set(b.labels.tolist()) <= {0}
+            for e, t, v in zip(b.example_idx.tolist(), b.token_idx.tolist(), b.vectors):
+                assert (e, t) not in got, f"({e}, {t}) twice"
+                got[(e, t)] = np.array(v)
+        for e, s in enumerate(src.samples):
+            assert client.get_example_info(dataset, e)["seq_len"] == s["seq_len"]
+    assert set(got) == set(want)
+    for key, v in want.items():
+        np.testing.assert_array_equal(got[key], v)
