@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,7 @@
 #include "common/synth.h"
 #include "common/writer.h"
 #include "server/engine/engine.h"
+#include "server/engine/transform.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace shardcast::fuzz {
@@ -252,16 +254,52 @@ inline void CheckBatch(const FuzzDataset& ds, const StreamOptions& o,
     }
     const int64_t raw = token + (ds.cls ? 1 : 0);  // token-axis index
     const int64_t L = static_cast<int64_t>(ds.layers.size());
+    // Transforms (StreamRequest.scale_norm/center/dtype): 16-bit output
+    // alone is the disk value rounded (transform_test checks the rounding
+    // itself); centered or scaled values depend on the statistics, so only
+    // their finiteness is checked here (test_transforms.py checks them).
+    const TransformSpec& t = o.spec.transform;
+    const uint64_t element = OutputDTypeBytes(t.dtype);
+    if (shape.vector_bytes != static_cast<uint64_t>(ds.d_model) * element) {
+      Fail(absl::StrCat("vector_bytes ", shape.vector_bytes, " for d_model ",
+                        ds.d_model, " of ", OutputDTypeName(t.dtype)));
+    }
     for (int64_t k = 0; k < ds.d_model; ++k) {
       const uint64_t index = static_cast<uint64_t>(
           ((example * L + li) * ds.tokens() + raw) * ds.d_model + k);
-      float got;
-      std::memcpy(&got, vectors + (i * ds.d_model + k) * 4, 4);
       const float want = SynthValue(ds.seed, index);
-      if (std::memcmp(&got, &want, 4) != 0) {
-        Fail(absl::StrCat("row ", i, " (example ", example, ", layer ", layer,
-                          ", token ", token, ") element ", k, ": ", got,
-                          " served, ", want, " on disk"));
+      const char* at = vectors + (i * ds.d_model + k) * static_cast<int64_t>(element);
+      const std::string where =
+          absl::StrCat("row ", i, " (example ", example, ", layer ", layer,
+                       ", token ", token, ") element ", k, ": ");
+      if (t.needs_stats()) {
+        if (element == 4) {
+          float got;
+          std::memcpy(&got, at, 4);
+          if (!std::isfinite(got)) Fail(absl::StrCat(where, got, " served"));
+        } else {
+          uint16_t got;
+          std::memcpy(&got, at, 2);
+          if ((got & 0x7F80) == 0x7F80 && t.dtype == OutputDType::kBFloat16) {
+            Fail(absl::StrCat(where, "bfloat16 ", got, " is not finite"));
+          }
+        }
+      } else if (element == 2) {
+        uint16_t got;
+        std::memcpy(&got, at, 2);
+        const uint16_t rounded = t.dtype == OutputDType::kBFloat16
+                                     ? FloatToBFloat16(want)
+                                     : FloatToHalf(want);
+        if (got != rounded) {
+          Fail(absl::StrCat(where, got, " served, ", rounded, " is ", want,
+                            " on disk rounded"));
+        }
+      } else {
+        float got;
+        std::memcpy(&got, at, 4);
+        if (std::memcmp(&got, &want, 4) != 0) {
+          Fail(absl::StrCat(where, got, " served, ", want, " on disk"));
+        }
       }
     }
   }

@@ -71,6 +71,13 @@ v1::StreamRequest ToRequest(const StreamOptions& o) {
   r.set_drop_last(o.spec.drop_last);
   r.set_resume_token(o.resume_token);
   for (uint8_t l : o.spec.exclude_labels) r.add_exclude_labels(l);
+  r.set_scale_norm(o.spec.transform.scale_norm);
+  r.set_center(o.spec.transform.center);
+  r.set_dtype(static_cast<v1::DType>(o.spec.transform.dtype));
+  if (o.spec.node_count != 1) {
+    r.set_node_rank(o.spec.node_rank);
+    r.set_node_count(o.spec.node_count);
+  }
   return r;
 }
 
@@ -143,6 +150,18 @@ int main(int argc, char** argv) {
     o.spec.batch_size = 64;
     o.spec.epochs = 2;
     seeds.push_back({ord ? "b_ordered_big_batch" : "b_shuffled_big_batch", o});
+    o = base(order);
+    o.spec.tokens = TokenSelection::kAll;
+    o.spec.transform.scale_norm = true;
+    o.spec.transform.center = true;
+    o.spec.transform.dtype = OutputDType::kBFloat16;
+    seeds.push_back({ord ? "a_ordered_transform" : "a_shuffled_transform", o});
+    o = base(order);
+    o.spec.transform.dtype = OutputDType::kFloat16;
+    o.spec.node_rank = 1;
+    o.spec.node_count = 2;
+    o.spec.world_size = 2;
+    seeds.push_back({ord ? "a_ordered_node_group" : "a_shuffled_node_group", o});
   }
   int requests = 0;
   for (const Seed& s : seeds) {
