@@ -157,19 +157,19 @@ absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
   const std::string meta_path = JoinPath(info.dir, kMetadataFile);
   if (!Exists(meta_path) && LooksLikeLmprobeDir(info.dir)) {
     RETURN_IF_ERROR(DescribeLmprobe(&info));
-    info.has_stats = Exists(JoinPath(info.dir, kStatsFile));
-    return info;
+  } else {
+    ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
+    ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
+    const std::string shards_path = JoinPath(info.dir, kShardsFile);
+    ASSIGN_OR_RETURN(Json shards, ReadJsonFile(shards_path));
+    RETURN_IF_ERROR(ParseShards(shards, shards_path, &info.desc));
+    info.hash = info.desc.ContentHash();
+    info.hash_matches_dir = info.hash == info.dir_name;
+    info.has_labels = Exists(JoinPath(info.dir, kLabelsFile));
+    info.has_checksums = Exists(JoinPath(info.dir, kChecksumsFile));
+    info.has_samples = Exists(JoinPath(info.dir, kSamplesFile));
   }
-  ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
-  ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
-  const std::string shards_path = JoinPath(info.dir, kShardsFile);
-  ASSIGN_OR_RETURN(Json shards, ReadJsonFile(shards_path));
-  RETURN_IF_ERROR(ParseShards(shards, shards_path, &info.desc));
-  info.hash = info.desc.ContentHash();
-  info.hash_matches_dir = info.hash == info.dir_name;
-  info.has_labels = Exists(JoinPath(info.dir, kLabelsFile));
-  info.has_checksums = Exists(JoinPath(info.dir, kChecksumsFile));
-  info.has_samples = Exists(JoinPath(info.dir, kSamplesFile));
+  // `shardcast stats` writes its sidecar beside either kind.
   info.has_stats = Exists(JoinPath(info.dir, kStatsFile));
   return info;
 }

@@ -124,12 +124,7 @@ IndexSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
   IndexSet s(layout_.num_blocks);
   for (int64_t b = spec.node_rank; b < layout_.num_blocks;
        b += spec.node_count) {
-    const int64_t first = layout_.first_vector(b);
-    const int64_t n = layout_.vectors(b);
-    const int64_t offset =
-        ((spec.rank - first) % spec.world_size + spec.world_size) %
-        spec.world_size;
-    if (offset < n) s.Set(b);
+    if (layout_.vectors_of_rank(b, spec.rank, spec.world_size) > 0) s.Set(b);
   }
   return s;
 }

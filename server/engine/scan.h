@@ -81,6 +81,17 @@ struct BlockLayout {
   int64_t vectors(int64_t b) const {
     return std::min(vectors_per_block, sel.num_vectors() - first_vector(b));
   }
+  /// Index within block b of its first vector of rank `rank` of
+  /// `world_size` (vector g is rank g mod world_size's); the rank's others
+  /// follow every world_size-th. At least vectors(b) when it has none.
+  int64_t first_of_rank(int64_t b, int64_t rank, int64_t world_size) const {
+    return ((rank - first_vector(b)) % world_size + world_size) % world_size;
+  }
+  /// How many vectors of block b are rank `rank`'s.
+  int64_t vectors_of_rank(int64_t b, int64_t rank, int64_t world_size) const {
+    const int64_t at = first_of_rank(b, rank, world_size);
+    return at < vectors(b) ? (vectors(b) - at - 1) / world_size + 1 : 0;
+  }
 };
 
 /// The shard files of a scan that serves cached data from memory maps

@@ -49,12 +49,9 @@ absl::StatusOr<std::unique_ptr<ShuffledStream>> ShuffledStream::Create(
   if (!s->filter_ && spec.node_count > 1) {
     // This node group's blocks only: their vectors of this rank.
     const BlockLayout& l = s->layout_;
-    const int64_t w = spec.world_size;
     s->per_epoch_ = 0;
     for (int64_t b = spec.node_rank; b < l.num_blocks; b += spec.node_count) {
-      const int64_t first = l.first_vector(b), n = l.vectors(b);
-      const int64_t local = ((spec.rank - first) % w + w) % w;
-      if (local < n) s->per_epoch_ += (n - local - 1) / w + 1;
+      s->per_epoch_ += l.vectors_of_rank(b, spec.rank, spec.world_size);
     }
   }
   const DatasetDesc& d = reader->desc();
@@ -207,8 +204,7 @@ void ShuffledStream::Activate(BlockRef block) {
   const int64_t k = sel.vectors_per_row;
   const int64_t cls = d.cls_token ? 1 : 0;
   const int64_t first = block->first_vector;
-  // First vector of this rank in the block, then every world_size-th.
-  int64_t local = ((spec_.rank - first) % w + w) % w;
+  int64_t local = layout_.first_of_rank(block->id, spec_.rank, w);
   for (; local < block->vectors; local += w) {
     if (partial != nullptr && !partial->Has(local)) continue;
     if (filter_) {
