@@ -143,32 +143,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
 }
 
 absl::StatusOr<Engine::StatsEntry> Engine::Stats(const DatasetReader& reader) {
-  const DatasetInfo& info = reader.info();
-  const std::string key = absl::StrCat(info.dir, "\n", info.hash);
-  std::shared_ptr<StatsSlot> slot;
-  {
-    MutexLock lock(&stats_mu_);
-    std::shared_ptr<StatsSlot>& entry = stats_[key];
-    if (entry != nullptr) {
-      slot = entry;
-      stats_done_.Wait(&stats_mu_, [&slot]() { return slot->done; });
-      if (!slot->status.ok()) return slot->status;
-      return slot->entry;
-    }
-    entry = slot = std::make_shared<StatsSlot>();
-  }
-  absl::StatusOr<StatsEntry> result = LoadOrComputeStats(reader);
-  {
-    MutexLock lock(&stats_mu_);
-    slot->done = true;
-    if (result.ok()) {
-      slot->entry = *result;
-    } else {
-      slot->status = result.status();
-    }
-  }
-  stats_done_.SignalAll();
-  return result;
+  return stats_.Get(reader.info(),
+                    [this, &reader] { return LoadOrComputeStats(reader); });
 }
 
 absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(

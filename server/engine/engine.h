@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +20,7 @@
 #include "common/mutex.h"
 #include "common/stats.h"
 #include "server/engine/catalog.h"
+#include "server/engine/dataset_cache.h"
 #include "server/engine/engine_status.h"
 #include "server/engine/query.h"
 #include "server/engine/resume_token.h"
@@ -139,8 +139,7 @@ class Engine {
     std::shared_ptr<const DatasetStats> stats;
     std::string origin;  // "statistics from shardcast_stats.json", ...
   };
-  absl::StatusOr<StatsEntry> Stats(const DatasetReader& reader)
-      ABSL_LOCKS_EXCLUDED(stats_mu_);
+  absl::StatusOr<StatsEntry> Stats(const DatasetReader& reader);
 
  private:
   explicit Engine(EngineOptions options);
@@ -153,18 +152,8 @@ class Engine {
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};
-  /// Statistics by dataset directory and content hash; a slot's fields
-  /// are read and written under stats_mu_, `done` set once.
-  struct StatsSlot {
-    bool done = false;
-    absl::Status status;
-    StatsEntry entry;
-  };
   absl::StatusOr<StatsEntry> LoadOrComputeStats(const DatasetReader& reader);
-  Mutex stats_mu_;
-  CondVar stats_done_;
-  std::map<std::string, std::shared_ptr<StatsSlot>> stats_
-      ABSL_GUARDED_BY(stats_mu_);
+  OncePerDataset<StatsEntry> stats_;
 };
 
 }  // namespace shardcast

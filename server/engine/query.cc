@@ -94,31 +94,21 @@ absl::StatusOr<std::string> QueryEngine::GetExampleInfo(
                    catalog_->Resolve(dataset));
   const DatasetInfo& info = reader->info();
   const std::string path = JoinPath(info.dir, kSamplesFile);
-  const std::string key = absl::StrCat(info.dir, "\n", info.hash);
-  {
-    MutexLock lock(&samples_mu_);
-    auto it = samples_.find(key);
-    if (it != samples_.end()) {
-      if (!it->second.ok()) return it->second.status();
-      return (*it->second)->Get(example);
-    }
-  }
-  // Indexed outside the lock (one read of the file): other datasets'
-  // calls do not wait for it. Two first calls may both index; one wins.
-  // A failure is kept too, so a broken file is not read again per call.
-  absl::StatusOr<std::shared_ptr<const SampleIndex>> index =
-      SampleIndex::Build(path, info.desc.n_examples);
-  if (!index.ok() && index.status().code() == absl::StatusCode::kNotFound) {
-    index = absl::NotFoundError(
-        absl::StrCat("dataset ", info.dir_name, " has no ", kSamplesFile,
-                     " (only `shardcast import` writes one)"));
-  }
-  {
-    MutexLock lock(&samples_mu_);
-    index = samples_.emplace(key, std::move(index)).first->second;
-  }
-  if (!index.ok()) return index.status();
-  return (*index)->Get(example);
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<const SampleIndex> index,
+      samples_.Get(info, [&]() -> absl::StatusOr<std::shared_ptr<const SampleIndex>> {
+        absl::StatusOr<std::unique_ptr<SampleIndex>> built =
+            SampleIndex::Build(path, info.desc.n_examples);
+        if (!built.ok() &&
+            built.status().code() == absl::StatusCode::kNotFound) {
+          return absl::NotFoundError(
+              absl::StrCat("dataset ", info.dir_name, " has no ", kSamplesFile,
+                           " (only `shardcast import` writes one)"));
+        }
+        if (!built.ok()) return built.status();
+        return std::shared_ptr<const SampleIndex>(std::move(*built));
+      }));
+  return index->Get(example);
 }
 
 absl::StatusOr<std::string> QueryEngine::GetLabels(absl::string_view dataset,

@@ -8,16 +8,15 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "common/samples.h"
 #include "server/engine/catalog.h"
+#include "server/engine/dataset_cache.h"
 
 namespace shardcast {
 
@@ -82,8 +81,7 @@ class QueryEngine {
   /// one; OUT_OF_RANGE; DATA_LOSS naming the file when it does not match
   /// the dataset.
   absl::StatusOr<std::string> GetExampleInfo(absl::string_view dataset,
-                                             int64_t example) const
-      ABSL_LOCKS_EXCLUDED(samples_mu_);
+                                             int64_t example) const;
 
   const Catalog* catalog() const { return catalog_; }
   /// Bytes read from disk by queries so far.
@@ -95,11 +93,8 @@ class QueryEngine {
   const Catalog* catalog_;
   const QueryLimits limits_;
   mutable std::atomic<uint64_t> bytes_read_{0};
-  /// samples.json indexes by dataset directory and content hash.
-  mutable Mutex samples_mu_;
-  mutable std::map<std::string,
-                   absl::StatusOr<std::shared_ptr<const SampleIndex>>>
-      samples_ ABSL_GUARDED_BY(samples_mu_);
+  /// samples.json indexes, made on first use.
+  mutable OncePerDataset<std::shared_ptr<const SampleIndex>> samples_;
 };
 
 }  // namespace shardcast
