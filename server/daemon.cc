@@ -334,6 +334,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         absl::StrJoin({options.unix_socket, options.tcp_address}, " / "),
         " (address in use or not permitted?)"));
   }
+  // Calls are answered from here on (TCP already, the Unix socket below):
+  // "serving" before the first can arrive, or the router would refuse it as
+  // if the daemon were shutting down.
+  d->server->GetHealthCheckService()->SetServingStatus(true);
+  d->serving = true;
   if (d->local != nullptr) {
     d->local->Serve(d->server.get());
     LogInfo("listening on unix:", options.unix_socket);
@@ -350,8 +355,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         HttpAdmin::Start(options.http_address, d->engine.get(), &d->metrics,
                          d->shm.get(), d->local.get(), &d->serving));
   }
-  d->server->GetHealthCheckService()->SetServingStatus(true);
-  d->serving = true;
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 

@@ -1,6 +1,8 @@
 #include "server/transport/local_acceptor.h"
 
+#include <dirent.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,6 +60,28 @@ std::vector<std::unique_ptr<RefusingService>>& RefuserServices() {
   // a handful per process (one pair per daemon start), never freed.
   static auto* services = new std::vector<std::unique_ptr<RefusingService>>();
   return *services;
+}
+
+// Descriptors kept free for gRPC and the engine when accepting.
+constexpr int kDescriptorReserve = 16;
+
+// How many more descriptors this process may open (RLIMIT_NOFILE minus the
+// open ones, counted in /proc/self/fd; a connection is accepted rarely
+// enough for that).
+int DescriptorsLeft() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
+      limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > (1u << 30)) {
+    return 1 << 30;
+  }
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return errno == EMFILE || errno == ENFILE ? 0 : 1 << 30;
+  int open = -1;  // the directory's own descriptor is listed too
+  while (const struct dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++open;
+  }
+  ::closedir(dir);
+  return static_cast<int>(limit.rlim_cur) - open;
 }
 
 }  // namespace
@@ -126,8 +150,14 @@ void LocalAcceptor::Loop() {
       return;
     }
     if (fds[1].revents != 0) return;  // stop
-    const int fd = ::accept4(listener_.get(), nullptr, nullptr,
-                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    // Accepting the last free descriptors would make gRPC's own (epoll,
+    // wakeup fds, new files) fail with EMFILE, which it may not recover
+    // from: leave a reserve and wait as if accept() had failed.
+    const bool reserve_left = DescriptorsLeft() > kDescriptorReserve;
+    const int fd = reserve_left ? ::accept4(listener_.get(), nullptr, nullptr,
+                                            SOCK_CLOEXEC | SOCK_NONBLOCK)
+                                : -1;
+    if (!reserve_left) errno = EMFILE;
     if (fd >= 0) {
       if (starved_.exchange(false)) {
         LogInfo("local acceptor: accepting again");
@@ -141,7 +171,10 @@ void LocalAcceptor::Loop() {
     // and the listener readable; wait, then try again. Never give up.
     accept_failures_.fetch_add(1, std::memory_order_relaxed);
     if (!starved_.exchange(true)) {
-      LogError("local acceptor: accept: ", std::strerror(errno),
+      LogError("local acceptor: accept: ",
+               reserve_left ? std::strerror(errno)
+                            : absl::StrCat("only ", kDescriptorReserve,
+                                           " descriptors left (RLIMIT_NOFILE)"),
                "; retrying with backoff (/healthz reports 503 meanwhile)");
     }
     struct pollfd stop = {wake_.get(), POLLIN, 0};

@@ -6,9 +6,10 @@
 //   - cap connections: past the cap a client gets RESOURCE_EXHAUSTED on its
 //     calls (and, far past it, a closed connection) instead of taking the
 //     daemon's descriptors;
-//   - survive running out of descriptors: accept() failing with EMFILE backs
-//     off and retries (gRPC 1.51's own listener stopped accepting for good),
-//     and /healthz says so meanwhile.
+//   - survive running out of descriptors: with 16 or fewer left (or accept()
+//     failing with EMFILE) it stops accepting, backs off and retries (gRPC
+//     1.51's own listener stopped accepting for good), and /healthz says so
+//     meanwhile; the reserve keeps gRPC's own descriptors from failing.
 // Each accepted connection is handed to a grpc::Server with
 // AddInsecureChannelFromFd: to the daemon's server when admitted, or to a
 // port-less server that answers every call with the refusal.

@@ -542,7 +542,9 @@ def test_out_of_descriptors_the_socket_accepts_again_afterwards(tmp_path):
                 c.describe(info["hash"])
                 break
             except shardcast.Error:
-                assert time.monotonic() < deadline, "the socket never accepted again"
+                assert time.monotonic() < deadline, (
+                    "the socket never accepted again; daemon log:\n" +
+                    (tmp_path / "emfile.log").read_text()[-4000:])
                 time.sleep(0.2)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             assert r.status == 200
