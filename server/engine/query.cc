@@ -1,5 +1,7 @@
 #include "server/engine/query.h"
 
+#include <sys/uio.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/io/uring.h"
@@ -15,8 +17,9 @@ absl::Status QueryEngine::CheckBytes(uint64_t bytes) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
-    absl::string_view dataset, const std::vector<Coord>& coords) const {
+absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
+    absl::string_view dataset, const std::vector<Coord>& coords,
+    std::vector<ReadOp>* ops) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   const DatasetDesc& d = reader->desc();
@@ -28,8 +31,8 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
   }
   RETURN_IF_ERROR(CheckBytes(static_cast<uint64_t>(n) * d.vector_bytes()));
   // Validate every coordinate before reading anything.
-  std::vector<ReadOp> ops;
-  ops.reserve(static_cast<size_t>(n));
+  ops->clear();
+  ops->reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const Coord& c = coords[static_cast<size_t>(i)];
     absl::StatusOr<FileRange> range =
@@ -37,16 +40,43 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
     if (!range.ok()) {
       return Annotate(range.status(), absl::StrCat("coordinates[", i, "]"));
     }
-    ops.push_back(ReadOp::Into(*range, nullptr));
+    ops->push_back(ReadOp::Into(*range, nullptr));
   }
   VectorsResult r;
   r.shape = {n, d.d_model};
   r.data = Payload(static_cast<size_t>(n) * d.vector_bytes());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    ops[i].dest = r.data.data() + i * d.vector_bytes();
+  for (size_t i = 0; i < ops->size(); ++i) {
+    (*ops)[i].dest = r.data.data() + i * d.vector_bytes();
   }
+  return r;
+}
+
+absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
+    absl::string_view dataset, const std::vector<Coord>& coords) const {
+  std::vector<ReadOp> ops;
+  ASSIGN_OR_RETURN(VectorsResult r, PlanVectors(dataset, coords, &ops));
   RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
   bytes_read_ += r.data.size();
+  return r;
+}
+
+std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
+    absl::string_view dataset, const std::vector<Coord>& coords,
+    size_t max_vectors) const {
+  if (coords.size() > max_vectors) return std::nullopt;
+  std::vector<ReadOp> ops;
+  absl::StatusOr<VectorsResult> r = PlanVectors(dataset, coords, &ops);
+  if (!r.ok()) return r;  // the request's errors need no disk
+  for (const ReadOp& op : ops) {
+    struct iovec iov = {op.dest, op.length};
+    // RWF_NOWAIT: EAGAIN instead of waiting for the device; a short read
+    // (part of the range cached) or any error is left to GetVectors, which
+    // reads (and reports) it properly.
+    const ssize_t got = ::preadv2(op.fd, &iov, 1,
+                                  static_cast<off_t>(op.offset), RWF_NOWAIT);
+    if (got < 0 || static_cast<size_t>(got) != op.length) return std::nullopt;
+  }
+  bytes_read_ += r->data.size();
   return r;
 }
 

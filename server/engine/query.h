@@ -17,6 +17,7 @@
 #include "common/samples.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
+#include "server/io/uring.h"
 
 namespace shardcast {
 
@@ -69,6 +70,14 @@ class QueryEngine {
   /// INVALID_ARGUMENT naming the first bad coordinate, DATA_LOSS (file).
   absl::StatusOr<VectorsResult> GetVectors(
       absl::string_view dataset, const std::vector<Coord>& coords) const;
+  /// GetVectors without waiting for the disk, for callers that must not
+  /// block (a gRPC callback thread): the result when every vector is in the
+  /// page cache (preadv2 RWF_NOWAIT) or the request is refused before any
+  /// read; nullopt when a vector is not cached, or for more than
+  /// `max_vectors` (call GetVectors on a worker then).
+  std::optional<absl::StatusOr<VectorsResult>> GetVectorsIfCached(
+      absl::string_view dataset, const std::vector<Coord>& coords,
+      size_t max_vectors) const;
   /// [T, D] for one layer or [L, T, D] for all layers of one example.
   absl::StatusOr<VectorsResult> GetExample(absl::string_view dataset,
                                            int64_t example,
@@ -89,6 +98,11 @@ class QueryEngine {
 
  private:
   absl::Status CheckBytes(uint64_t bytes) const;
+  // Validates a GetVectors request: its result with room for the vectors,
+  // and the reads (in `ops`) that fill it.
+  absl::StatusOr<VectorsResult> PlanVectors(absl::string_view dataset,
+                                            const std::vector<Coord>& coords,
+                                            std::vector<ReadOp>* ops) const;
 
   const Catalog* catalog_;
   const QueryLimits limits_;

@@ -114,6 +114,10 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          calls_in_flight.load());
   metric("shardcast_calls_total", "counter", "Calls received.",
          calls_total.load());
+  metric("shardcast_queries_inline_total", "counter",
+         "GetVectors calls answered from the page cache without a worker "
+         "thread.",
+         queries_inline.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

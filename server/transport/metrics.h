@@ -24,6 +24,8 @@ struct Metrics {
   std::atomic<int64_t> calls_in_flight{0};
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> bytes_served{0};
+  /// GetVectors calls answered on the gRPC thread from the page cache.
+  std::atomic<uint64_t> queries_inline{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).

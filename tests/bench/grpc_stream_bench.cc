@@ -26,8 +26,16 @@
 // total_bytes_per_second is all clients' bytes over the span from the first
 // start to the last end.
 //
+//
+// --unary N is the reference for single queries ("warm single-vector p50
+// <= 1.5 x a bare gRPC unary round trip", issue 11): N sequential unary
+// calls from one client thread, each answered at once from the callback
+// (read the request, write --reply-bytes, finish: no thread hop, no work);
+// it prints the round trip's p50/p99.
+//
 //   grpc_stream_bench --socket /tmp/x.sock --message-bytes 16777216
 //       --messages 400 [--clients N] [--fork] [--parse-protobuf] [--json]
+//   grpc_stream_bench --socket /tmp/x.sock --unary 20000 [--json]
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,10 +55,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "common/cli_args.h"
 #include "common/mutex.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/client_unary_call.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "nlohmann/json.hpp"
@@ -77,8 +87,14 @@ const std::vector<OptionSpec> kSpecs = {
     {"malloc-keep", nullptr,
      "clients: mallopt M_MMAP_THRESHOLD 64 MiB / M_TRIM_THRESHOLD 1 GiB "
      "(as query_bench), so message buffers are not faulted in afresh"},
+    {"unary", "N",
+     "instead of streaming: N sequential unary calls with an empty handler "
+     "(the round-trip reference for single queries); prints p50/p99"},
+    {"reply-bytes", "N", "--unary: bytes in each reply (default 0)"},
     {"json", nullptr, "print one JSON object on stdout"},
 };
+
+constexpr char kUnaryMethod[] = "/shardcast.bench.Bench/Unary";
 
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: same in forks
 
@@ -141,11 +157,34 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   int64_t sent_ = 0;
 };
 
+// A unary call answered from the callback that reads its request.
+class UnaryReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit UnaryReactor(const Payload* payload) : payload_(payload) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request"));
+      return;
+    }
+    reply_ = payload_->Message();
+    StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const Payload* const payload_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer reply_;
+};
+
 class BenchService final : public grpc::CallbackGenericService {
  public:
   explicit BenchService(const Payload* payload) : payload_(payload) {}
   grpc::ServerGenericBidiReactor* CreateReactor(
-      grpc::GenericCallbackServerContext* /*ctx*/) override {
+      grpc::GenericCallbackServerContext* ctx) override {
+    if (ctx->method() == kUnaryMethod) return new UnaryReactor(payload_);
     return new StreamReactor(payload_);
   }
 
@@ -420,6 +459,37 @@ class ForkedClients {
   std::vector<pid_t> pids_;
 };
 
+// --unary: `calls` sequential round trips on one connection; the
+// latencies in microseconds, sorted.
+absl::StatusOr<std::vector<double>> RunUnary(const std::string& address,
+                                             int64_t calls) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Connect(address));
+  const grpc::internal::RpcMethod method(kUnaryMethod,
+                                         grpc::internal::RpcMethod::NORMAL_RPC);
+  // About the size of a one-vector GetVectorsRequest.
+  const std::string body(40, 'q');
+  grpc::Slice slice(body);
+  const grpc::ByteBuffer request(&slice, 1);
+  std::vector<double> micros;
+  micros.reserve(static_cast<size_t>(calls));
+  for (int64_t i = 0; i < calls; ++i) {
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer reply;
+    const auto t0 = Clock::now();
+    const grpc::Status st =
+        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel.get(), method, &ctx, request, &reply);
+    const auto t1 = Clock::now();
+    if (!st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("unary call ", i, ": ", st.error_message()));
+    }
+    micros.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(micros.begin(), micros.end());
+  return micros;
+}
+
 int Usage(const std::string& error) {
   if (!error.empty()) std::cerr << "grpc_stream_bench: " << error << "\n";
   std::cerr << "Usage: grpc_stream_bench --socket PATH [options]\n\n"
@@ -457,6 +527,56 @@ int Main(int argc, char** argv) {
   if (*messages < 1) return Usage("--messages must be >= 1");
   if (*clients < 1 || *clients > 256) {
     return Usage("--clients must be in [1, 256]");
+  }
+  if (args->Has("unary")) {
+    absl::StatusOr<int64_t> calls = args->GetInt("unary", 0);
+    absl::StatusOr<uint64_t> reply_bytes = args->GetBytes("reply-bytes", 0);
+    if (!calls.ok()) return Usage(std::string(calls.status().message()));
+    if (!reply_bytes.ok()) {
+      return Usage(std::string(reply_bytes.status().message()));
+    }
+    if (*calls < 1) return Usage("--unary must be >= 1");
+    if (*reply_bytes > kMaxMessageBytes - 16) {
+      return Usage("--reply-bytes is over the message limit");
+    }
+    Payload payload;
+    payload.data.assign(*reply_bytes, 'r');
+    BenchService service(&payload);
+    absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+        StartServer(socket, &service);
+    if (!server.ok()) {
+      std::cerr << "grpc_stream_bench: " << server.status() << "\n";
+      return 1;
+    }
+    absl::StatusOr<std::vector<double>> micros =
+        RunUnary(absl::StrCat("unix:", socket), *calls);
+    (*server)->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(5));
+    ::unlink(socket.c_str());
+    if (!micros.ok()) {
+      std::cerr << "grpc_stream_bench: " << micros.status() << "\n";
+      return 1;
+    }
+    const auto at = [&](double q) {
+      return (*micros)[static_cast<size_t>(q * (micros->size() - 1))];
+    };
+    double sum = 0;
+    for (double m : *micros) sum += m;
+    nlohmann::ordered_json out;
+    out["mode"] = "unary";
+    out["calls"] = *calls;
+    out["reply_bytes"] = *reply_bytes;
+    out["p50_us"] = at(0.5);
+    out["p99_us"] = at(0.99);
+    out["mean_us"] = sum / static_cast<double>(micros->size());
+    out["calls_per_second"] = 1e6 * static_cast<double>(micros->size()) / sum;
+    if (args->Has("json")) {
+      std::cout << out.dump() << std::endl;
+    } else {
+      std::printf("unary round trip: p50 %.1f us, p99 %.1f us, %.0f calls/s\n",
+                  at(0.5), at(0.99), out["calls_per_second"].get<double>());
+    }
+    return 0;
   }
   const bool parse_protobuf = args->Has("parse-protobuf");
   const bool fork = args->Has("fork");

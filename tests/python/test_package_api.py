@@ -98,6 +98,49 @@ def test_get_vectors_equal_numpy(start_daemon, datasets):
             assert empty.shape == (0, r.D) and empty.dtype == np.float32, name
 
 
+def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
+        start_daemon, datasets):
+    """A small GetVectors whose vectors are all in the page cache is answered
+    on gRPC's thread (shardcast_queries_inline_total counts it); after the
+    shards are evicted, or for more than 64 vectors, it goes to a worker. The
+    values equal numpy on every path, and a bad coordinate is refused the
+    same way on both."""
+    import re
+    from sysprobe import evict, metric_samples
+    d = start_daemon("--http", "127.0.0.1:0")
+    text = d.log.read_text()
+    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", text).group(1))
+    r = datasets.main
+    files = sorted(str(p) for p in r.path.glob("acts*.bin"))
+    assert files, r.path
+    rng = np.random.default_rng(5)
+    coords = [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+               int(rng.integers(r.T))) for _ in range(65)]
+    want = np.stack([r.vector(*c) for c in coords])
+
+    def inline():
+        return metric_samples(port)["shardcast_queries_inline_total"]
+
+    with shardcast.Client(d.address) as client:
+        evict(files)
+        before = inline()
+        ref.assert_f32_equal(client.get_vectors(r.id, coords[:8]), want[:8], "cold")
+        assert inline() == before, "a cold call was answered inline"
+        ref.assert_f32_equal(client.get_vectors(r.id, coords[:8]), want[:8], "cached")
+        assert inline() == before + 1
+        ref.assert_f32_equal(client.get_vectors(r.id, coords[:1]), want[:1], "one")
+        assert inline() == before + 2
+        client.get_vectors(r.id, coords)  # bring all 65 in
+        before = inline()
+        ref.assert_f32_equal(client.get_vectors(r.id, coords), want, "65 vectors")
+        assert inline() == before, "65 vectors were answered inline"
+        for bad in ([(r.N, r.layers[0], 0)], [(0, r.layers[0], r.T)]):
+            with pytest.raises(shardcast.Error) as e:
+                client.get_vectors(r.id, coords[:2] + bad)
+            assert e.value.code in ("OUT_OF_RANGE", "INVALID_ARGUMENT"), e.value
+            assert "coordinates[2]" in str(e.value), e.value
+
+
 def test_get_example_equal_numpy(start_daemon, datasets):
     """get_example(e, layer) is [T, D] and get_example(e) is [L, T, D], equal
     to numpy's read of the example, for every example of every dataset."""
