@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -165,27 +166,54 @@ void SharedScan::Arm(Subscriber& s) {
 
 bool SharedScan::Enqueue(Subscriber& s, uint64_t read_id, int64_t block,
                          BlockRef data) {
+  Queued q{read_id, block, s.deliver_epoch, std::move(data)};
   const bool beyond_lag =
       static_cast<int64_t>(s.queue.size()) >= options_.lag_blocks;
-  if (beyond_lag) {
-    if (!reservoir_->TryTakeOverflow()) return false;
-    ++s.overflow;
-  }
+  if (beyond_lag && !HoldOver(s, q)) return false;
   Unneed(s, block);
-  s.queue.push_back({read_id, block, s.deliver_epoch, std::move(data)});
+  s.queue.push_back(std::move(q));
   ++s.delivered;
   // Blocks issued later may already be the next epoch's for the others.
   if (s.needed.count() == 0) Arm(s);
   return true;
 }
 
-void SharedScan::Settle(Subscriber& s) {
-  const int64_t beyond = std::max<int64_t>(
-      0, static_cast<int64_t>(s.queue.size()) - options_.lag_blocks);
-  if (s.overflow > beyond) {
-    reservoir_->ReturnOverflow(s.overflow - beyond);
-    s.overflow = beyond;
+bool SharedScan::HoldOver(Subscriber& s, Queued& q) {
+  int32_t& holders = over_holders_[q.read_id];
+  if (holders == 0 && !reservoir_->TryTakeOverflow()) {
+    over_holders_.erase(q.read_id);
+    return false;
   }
+  ++holders;
+  q.over = true;
+  ++s.overflow;
+  return true;
+}
+
+bool SharedScan::ReleaseOver(Subscriber& s, Queued& q) {
+  if (!q.over) return false;
+  q.over = false;
+  --s.overflow;
+  auto it = over_holders_.find(q.read_id);
+  if (it == over_holders_.end() || --it->second > 0) return false;
+  over_holders_.erase(it);
+  reservoir_->ReturnOverflow(1);
+  return true;
+}
+
+void SharedScan::Settle(Subscriber& s) {
+  // Entries are marked when queued beyond the bound; after pops the first
+  // lag_blocks are within it again.
+  const size_t within =
+      std::min(s.queue.size(), static_cast<size_t>(options_.lag_blocks));
+  for (size_t i = 0; i < within && s.overflow > 0; ++i) {
+    ReleaseOver(s, s.queue[i]);
+  }
+}
+
+void SharedScan::ClearQueue(Subscriber& s) {
+  for (Queued& q : s.queue) ReleaseOver(s, q);
+  s.queue.clear();
 }
 
 bool SharedScan::Starving(const Subscriber& s) const {
@@ -261,8 +289,7 @@ void SharedScan::Unsubscribe(uint64_t id) {
          {"peer", it->second.spec.peer},
          {"dataset", dataset_}});
     DropNeeds(it->second);
-    it->second.queue.clear();
-    Settle(it->second);
+    ClearQueue(it->second);
     subs_.erase(it);  // drops its queued blocks
   }
   wake_reads_();
@@ -293,6 +320,7 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
         s.queue.front().data != nullptr) {
       t.kind = Take::kBlock;  // the queue has room again: wake the engine
       t.block = std::move(s.queue.front().data);
+      ReleaseOver(s, s.queue.front());  // only with lag_blocks 0
       s.queue.pop_front();
       Settle(s);
     } else if ((s.queue.empty() || s.queue.front().epoch > epoch) &&
@@ -326,14 +354,27 @@ int64_t SharedScan::ReclaimOverflow(int64_t n) {
   int64_t given = 0;
   {
     MutexLock lock(&mu_);
-    for (auto& [id, s] : subs_) {
-      while (given < n && s.overflow > 0 && !s.queue.empty() &&
-             s.queue.back().epoch == s.deliver_epoch) {
+    // The newest read held beyond a bound goes first, from every queue that
+    // ends with it: a block several laggards hold returns its unit with the
+    // last of them. Each round drops at least one entry.
+    const auto droppable = [](const Subscriber& s) {
+      return !s.queue.empty() && s.queue.back().over &&
+             s.queue.back().epoch == s.deliver_epoch;
+    };
+    while (given < n) {
+      std::optional<uint64_t> newest;
+      for (const auto& [id, s] : subs_) {
+        if (droppable(s) && (!newest || s.queue.back().read_id > *newest)) {
+          newest = s.queue.back().read_id;
+        }
+      }
+      if (!newest) break;
+      for (auto& [id, s] : subs_) {
+        if (!droppable(s) || s.queue.back().read_id != *newest) continue;
         Need(s, s.queue.back().block);
+        if (ReleaseOver(s, s.queue.back())) ++given;
         s.queue.pop_back();
-        Settle(s);  // gives back exactly the unit this entry borrowed
         ++s.skipped;
-        ++given;
       }
     }
   }
@@ -373,8 +414,9 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
       any_room = any_room || room;
       if (!room) ++full;
     }
-    // Full needers may still take it with spare reservoir memory.
-    const bool all_room = full == 0 || reservoir_->overflow_available() >= full;
+    // Full needers may still take it with spare reservoir memory: one unit
+    // for the block, however many of them hold it.
+    const bool all_room = full == 0 || reservoir_->overflow_available() >= 1;
     if (!all_room) {
       // Someone who needs this block is a full lag bound behind. Wait for
       // it, unless another subscriber is starving: then leave the laggard
@@ -563,8 +605,7 @@ void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,
     }
     if (!s.error.ok()) {
       DropNeeds(s);
-      s.queue.clear();
-      Settle(s);
+      ClearQueue(s);
       Wake(s);
     } else if (!s.queue.empty() && s.queue.front().data != nullptr) {
       Wake(s);

@@ -20,7 +20,10 @@
 // scan order) until the client moves them into its shuffle window. Every
 // stream reserves window + lag_blocks slots in the reservoir, so slots never
 // run out: a queue may always hold `lag_blocks`, and more while the
-// reservoir has slots nobody reserved (overflow). A subscriber whose queue
+// reservoir has slots nobody reserved (overflow). Overflow is charged per
+// block, not per queue: a block held beyond their lag bounds by several
+// subscribers (trainers lagging together) occupies one slot and costs one
+// unit. A subscriber whose queue
 // is full and can get no overflow while another one is starving (blocked,
 // waiting for a block not read yet) is skipped for that block and gets it on
 // a later cycle; otherwise the scan waits for it. So clients that keep up
@@ -51,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -277,6 +281,7 @@ class SharedScan final : public BlockSource,
     int64_t block;
     int64_t epoch;
     BlockRef data;  // set when read
+    bool over = false;  // held beyond the lag bound (charged as overflow)
   };
   struct Subscriber {
     SubscriberSpec spec;
@@ -286,7 +291,7 @@ class SharedScan final : public BlockSource,
     std::deque<Queued> queue;
     std::function<void()> waker;
     absl::Status error;
-    int64_t overflow = 0;  // reservoir overflow units held (queue beyond lag)
+    int64_t overflow = 0;  // queue entries marked `over`
     uint64_t delivered = 0, skipped = 0, bytes = 0;
   };
   void NewCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -306,8 +311,17 @@ class SharedScan final : public BlockSource,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  /// Returns overflow units `s` no longer needs (its queue shrank).
+  /// Unmarks the entries of `s` that are within its lag bound again (its
+  /// queue shrank), returning the overflow units nobody else holds.
   void Settle(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Marks `q` (being queued for `s` beyond its lag bound) as overflow: the
+  /// first such holder of its read takes a reservoir unit. False when none
+  /// is left (nothing changed).
+  bool HoldOver(Subscriber& s, Queued& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Unmarks `q`; true when that returned its read's unit (last holder).
+  bool ReleaseOver(Subscriber& s, Queued& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Empties the queue of `s`, returning what its entries held.
+  void ClearQueue(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Queues for `s` the resident blocks it needs, in issue order.
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);
@@ -326,6 +340,9 @@ class SharedScan final : public BlockSource,
   const std::string selection_name_;
   std::string io_;
   std::shared_ptr<const ShardMaps> maps_;
+  /// Per read: how many subscribers hold it beyond their lag bound (one
+  /// reservoir overflow unit while > 0).
+  std::unordered_map<uint64_t, int32_t> over_holders_ ABSL_GUARDED_BY(mu_);
   const std::string labels_path_;
   const Clock::time_point start_at_;  // no reads before (gathering clients)
 

@@ -386,6 +386,51 @@ TEST_F(ScanTest, LaggardsBorrowSpareMemoryAndGiveItBackWhenAsked) {
   EXPECT_EQ(static_cast<int64_t>(s.size()) + 1, scan->layout().num_blocks);
 }
 
+TEST_F(ScanTest, LaggardsHoldingTheSameBlocksBorrowOneUnitPerBlock) {
+  MakeReservoir(8, 64);
+  ASSERT_TRUE(reservoir_->Reserve(60, "other streams").ok());  // 4 spare
+  auto scan = MakeScan(7, /*lag_blocks=*/2);
+  const uint64_t fast = Subscribe(*scan);
+  const uint64_t slow1 = Subscribe(*scan);
+  const uint64_t slow2 = Subscribe(*scan);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(ServeOneRead(*scan));
+    ASSERT_NE(TakeNext(*scan, fast), nullptr);
+  }
+  // Both laggards are 4 blocks beyond their bound on the same 4 blocks:
+  // 4 slots, so the 4 spare units suffice and neither is skipped (counted
+  // per subscriber it would take 8).
+  for (uint64_t slow : {slow1, slow2}) {
+    EXPECT_EQ(StatusOf(*scan, slow).queued, 6);
+    EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 0u);
+  }
+  EXPECT_EQ(reservoir_->overflow_taken(), 4);
+  EXPECT_EQ(reservoir_->slots_in_use(), 6);
+  // One laggard catching up returns nothing: the other still holds them.
+  for (int i = 0; i < 4; ++i) ASSERT_NE(TakeNext(*scan, slow1), nullptr);
+  EXPECT_EQ(reservoir_->overflow_taken(), 4);
+  // The last holder taking them returns the units.
+  for (int i = 0; i < 4; ++i) ASSERT_NE(TakeNext(*scan, slow2), nullptr);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0);
+  // Reclaiming: units come back only when every holder dropped the block.
+  ASSERT_TRUE(ServeOneRead(*scan));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_NE(TakeNext(*scan, fast), nullptr);
+    if (i < 2) ASSERT_TRUE(ServeOneRead(*scan));
+  }
+  // Each laggard queues 5 (2 left + 3 new), 3 beyond the bound.
+  EXPECT_EQ(reservoir_->overflow_taken(), 3);
+  EXPECT_EQ(scan->ReclaimOverflow(1), 1);
+  EXPECT_EQ(reservoir_->overflow_taken(), 2);
+  EXPECT_EQ(StatusOf(*scan, slow1).blocks_skipped, 1u) << "dropped more than asked";
+  EXPECT_EQ(StatusOf(*scan, slow2).blocks_skipped, 1u);
+  for (int64_t b = 0; b < scan->layout().num_blocks; ++b) {
+    EXPECT_EQ(scan->Untaken(slow1, 0).Has(b), scan->Untaken(slow2, 0).Has(b))
+        << "block " << b;
+  }
+  reservoir_->Unreserve(60);
+}
+
 TEST_F(ScanTest, LeavingReleasesQueuedBlocksAndWhatOnlyTheLeaverNeeded) {
   MakeReservoir(8, 64);
   auto scan = MakeScan(8, /*lag_blocks=*/2);
