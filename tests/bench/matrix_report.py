@@ -1,0 +1,188 @@
+"""The table and the plot of tests/bench/run_matrix.sh: reads what the run
+left in --out (shardcast bench and grpc_stream_bench JSON) and in --query
+(run_query_bench.sh's results.json and fio JSON), prints one table of ratios
+against the same-run references with issue 11's targets, and writes the
+figures as JSON and a PNG (tests/bench/plot_png.py)."""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+MB = 1e6
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def per_trainer(bench):
+    return [c["bytes_per_second"] for c in bench["clients"]]
+
+
+def verdict(ok):
+    return "met" if ok else "NOT met"
+
+
+def cold_rows(out, trainers):
+    names = [("l1of2", "1 layer of 2, content"), ("l1of4", "1 layer of 4, content"),
+             ("all2", "all layers of 2, content"), ("l1of2-alltok", "1 layer of 2, all tokens")]
+    rows, series, fio_points = [], {}, {}
+    for key, label in names:
+        for n in trainers:
+            path = os.path.join(out, f"cold-{key}-{n}.json")
+            if not os.path.exists(path):
+                continue
+            j = load(path)
+            per = per_trainer(j)
+            fio = j["fio"]["mean"]
+            worst = min(per) / fio
+            sel = j["selected_bytes_per_epoch"] * j["epochs"]
+            io = j.get("proc_io_read_bytes")
+            io_ratio = io / sel if io is not None else float("nan")
+            target = 0.9 if n == 1 else 0.8
+            rows.append((f"cold {label}", n, statistics.mean(per) / MB, fio / MB, worst,
+                         f">= {target}", verdict(worst >= target), io_ratio,
+                         verdict(io_ratio <= 1.05)))
+            series.setdefault(label, []).append([n, statistics.mean(per) / MB])
+            fio_points.setdefault(n, []).append(fio / MB)
+    return rows, series, fio_points
+
+
+def warm_rows(out, trainers, repeat):
+    rows, ours, bare = [], [], []
+    for n in trainers:
+        ratios, o, b = [], [], []
+        for r in range(1, repeat + 1):
+            jp = os.path.join(out, f"warm-grpc-{n}-{r}.json")
+            bp = os.path.join(out, f"bare-{n}-{r}.json")
+            if not (os.path.exists(jp) and os.path.exists(bp)):
+                continue
+            mine = statistics.mean(per_trainer(load(jp)))
+            ref = statistics.mean(c["bytes_per_second"] for c in load(bp)["clients"])
+            ratios.append(mine / ref)
+            o.append(mine)
+            b.append(ref)
+        if not ratios:
+            continue
+        med = statistics.median(ratios)
+        rows.append((n, statistics.median(o) / MB, statistics.median(b) / MB, med,
+                     " / ".join(f"{x:.2f}" for x in ratios), verdict(med >= 0.8)))
+        ours.append([n, statistics.median(o) / MB])
+        bare.append([n, statistics.median(b) / MB])
+    shm = []
+    for n in trainers:
+        p = os.path.join(out, f"warm-shm-{n}.json")
+        if os.path.exists(p):
+            shm.append([n, statistics.mean(per_trainer(load(p))) / MB])
+    return rows, ours, bare, shm
+
+
+def query_rows(out, query_dir, repeat):
+    rts = []
+    for r in range(1, repeat + 1):
+        p = os.path.join(out, f"unary-{r}.json")
+        if os.path.exists(p):
+            rts.append(load(p)["p50_us"])
+    res_path = os.path.join(query_dir, "results.json")
+    if not rts or not os.path.exists(res_path):
+        return [], rts
+    rt = statistics.median(rts)
+    res = load(res_path)
+    fio_dir = os.path.join(query_dir, "out")
+
+    def fio(name):
+        j = load(os.path.join(fio_dir, f"fio_{name}.json"))["jobs"][0]["read"]
+        return j["iops"], j["clat_ns"]["percentile"]["50.000000"] / 1e3
+
+    qd1_iops, qd1_p50 = fio("buffered_qd1")
+    qd64_iops, _ = fio("buffered_qd64_nohint")
+    qd16_iops, _ = fio("buffered_qd16")
+    warm = res["warm"]["single"]["p50_us"]
+    cold = res["cold_single"]["single"]["p50_us"]
+    batch = res["cold_batch_keep"]["batch"]["iops_4k_equiv"]
+    conc = res["cold_single_conc"]["single"]["iops_4k_equiv"]
+    rows = [
+        ("warm 1 vector, p50", f"{warm:.0f} us", f"unary round trip {rt:.0f} us",
+         warm / rt, "<= 1.5", verdict(warm / rt <= 1.5)),
+        ("cold 1 vector, p50", f"{cold:.0f} us",
+         f"fio qd1 p50 {qd1_p50:.0f} + rt {rt:.0f} us", cold / (qd1_p50 + rt), "<= 1.2",
+         verdict(cold / (qd1_p50 + rt) <= 1.2)),
+        ("cold 256/call (--malloc-keep)", f"{batch:.0f} vec/s",
+         f"fio qd64 no hint {qd64_iops:.0f} IOPS", batch / qd64_iops, ">= 0.8",
+         verdict(batch / qd64_iops >= 0.8)),
+        ("cold 1 vector, 16 threads", f"{conc:.0f} vec/s", f"fio qd16 {qd16_iops:.0f} IOPS",
+         conc / qd16_iops, ">= 0.8", verdict(conc / qd16_iops >= 0.8)),
+    ]
+    return rows, rts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--query", required=True)
+    ap.add_argument("--trainers", default="1 4 8")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--png", required=True)
+    a = ap.parse_args()
+    trainers = [int(x) for x in a.trainers.split()]
+
+    cold, cold_series, fio_points = cold_rows(a.out, trainers)
+    warm, ours, bare, shm = warm_rows(a.out, trainers, a.repeat)
+    query, rts = query_rows(a.out, a.query, a.repeat)
+
+    print()
+    print("| cold shuffled stream | trainers | MB/s per trainer (mean) | fio MB/s | slowest x fio | target | | /proc io / selected | <= 1.05 |")
+    print("|---|---:|---:|---:|---:|---|---|---:|---|")
+    for r in cold:
+        print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {r[3]:,.0f} | {r[4]:.2f} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]} |")
+    print()
+    print(f"| warm, gRPC messages | MB/s per trainer (median) | bare gRPC loop MB/s per client (median) | ratio (median of {a.repeat}) | runs | >= 0.8 |")
+    print("|---:|---:|---:|---:|---|---|")
+    for r in warm:
+        print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} |")
+    if query:
+        print()
+        print("| random access | shardcast | reference | ratio | target | |")
+        print("|---|---:|---|---:|---|---|")
+        for r in query:
+            print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]} | {r[5]} |")
+        print(f"bare unary round trips p50 (us): {', '.join(f'{x:.0f}' for x in rts)}")
+    if a.seconds:
+        print(f"matrix run time: {a.seconds} s")
+
+    figures = {"cold": cold, "warm": warm, "query": query, "unary_p50_us": rts}
+    with open(a.json, "w") as f:
+        json.dump(figures, f, indent=1)
+
+    fio_series = [[n, statistics.mean(v)] for n, v in sorted(fio_points.items())]
+    spec = {
+        "title": "shardcast vs same-run references (run_matrix.sh)",
+        "panels": [
+            {"title": "Cold shuffled streams", "x_label": "trainers",
+             "y_label": "MB/s per trainer",
+             "series": [{"name": k, "points": v} for k, v in cold_series.items()]
+             + ([{"name": "fio sequential (reference)", "points": fio_series, "dashed": True}]
+                if fio_series else [])},
+            {"title": "Warm streams", "x_label": "trainers", "y_label": "MB/s per trainer",
+             "series": [s for s in (
+                 {"name": "gRPC messages", "points": ours},
+                 {"name": "bare gRPC loop (reference)", "points": bare, "dashed": True},
+                 {"name": "shared memory", "points": shm}) if s["points"]]},
+        ],
+    }
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import plot_png
+        plot_png.write(spec, a.png)
+        print(f"plot: {a.png}; figures: {a.json}")
+    except Exception as e:  # the table stands without the plot
+        print(f"plot not written: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
