@@ -34,7 +34,11 @@ std::string HumanBytes(uint64_t bytes) {
 
 Reservoir::Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes,
                      int64_t slots)
-    : base_(base), mapped_(mapped), slot_bytes_(slot_bytes), num_slots_(slots) {
+    : base_(base),
+      mapped_(mapped),
+      slot_bytes_(slot_bytes),
+      num_slots_(slots),
+      elastic_margin_(std::max<int64_t>(4, slots / 32)) {
   MutexLock lock(&mu_);
   in_use_.assign(static_cast<size_t>(slots), false);
   free_.resize(static_cast<size_t>(slots));
@@ -120,9 +124,22 @@ void Reservoir::Unreserve(int64_t slots) {
 
 bool Reservoir::TryTakeOverflow() {
   MutexLock lock(&mu_);
-  if (overflow_ + reserved_ >= num_slots_) return false;
+  // Called for a block that holds its slot already (a scan checks
+  // overflow_available() >= 1 before it reads one), hence `margin` free
+  // slots suffice here.
+  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
+  if (num_slots_ - reserved_ - overflow_ < 1 && free_now < elastic_margin_) {
+    return false;
+  }
   ++overflow_;
   return true;
+}
+
+int64_t Reservoir::OverflowAvailableLocked() const {
+  const int64_t spare = num_slots_ - reserved_ - overflow_;
+  // Elastic: slots free now (less those owed to parking) beyond the margin.
+  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
+  return std::max<int64_t>({0, spare, free_now - elastic_margin_});
 }
 
 void Reservoir::ReturnOverflow(int64_t n) {
@@ -137,12 +154,19 @@ void Reservoir::ReturnOverflow(int64_t n) {
 
 int64_t Reservoir::overflow_available() const {
   MutexLock lock(&mu_);
-  return std::max<int64_t>(0, num_slots_ - reserved_ - overflow_);
+  return OverflowAvailableLocked();
 }
 
 int64_t Reservoir::overflow_excess() const {
   MutexLock lock(&mu_);
   return std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
+}
+
+int64_t Reservoir::elastic_shortfall() const {
+  MutexLock lock(&mu_);
+  const int64_t excess = std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
+  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
+  return std::min(excess, std::max<int64_t>(0, elastic_margin_ - free_now));
 }
 
 int64_t Reservoir::overflow_taken() const {

@@ -11,8 +11,9 @@
 //
 // Admission: each shuffled stream reserves the slots it may pin (its shuffle
 // window plus its lag bound, see SharedScan). Reserve() refuses a stream the
-// pool cannot guarantee, so the slots in use never exceed the reservations
-// and a reader that needs a slot always finds one.
+// pool cannot guarantee, so a reader that needs a slot always finds one,
+// at worst once the scans have given back what laggards borrowed beyond the
+// reservations (overflow, below).
 #ifndef SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
 #define SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
 
@@ -55,17 +56,25 @@ class Reservoir {
   /// Returns a reservation made by Reserve().
   void Unreserve(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
 
-  /// Overflow: slots beyond every stream's reservation (num_slots minus the
-  /// reserved ones) that scans may use to let a stream fall behind further
-  /// than its lag bound. Taking one succeeds while the total taken stays
-  /// within that spare, so reservations always remain honourable.
+  /// Overflow: slots that scans may use to let a stream fall behind further
+  /// than its lag bound. First the spare beyond every stream's reservation
+  /// (num_slots minus the reserved ones); then, elastically, slots that are
+  /// physically free while more than a margin (1/32 of the pool, >= 4) stay
+  /// free: reservations count every stream's worst case, but streams of one
+  /// scan share their blocks, so most reserved slots are usually free.
+  /// Elastic units are overflow_excess(): scans give them back when a
+  /// reservation needs the room or a read finds no free slot
+  /// (ScanRegistry), so reservations always remain honourable.
   bool TryTakeOverflow() ABSL_LOCKS_EXCLUDED(mu_);
   void ReturnOverflow(int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t overflow_taken() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t overflow_available() const ABSL_LOCKS_EXCLUDED(mu_);
-  /// Overflow lent beyond what the reservations now leave (after a new
-  /// Reserve): to be reclaimed.
+  /// Overflow lent beyond what the reservations leave (elastically, or
+  /// after a new Reserve): what may be reclaimed.
   int64_t overflow_excess() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// How much of that excess to reclaim now: slots missing to keep the
+  /// elastic margin free (parking owed counts as taken); 0 without excess.
+  int64_t elastic_shortfall() const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// A free slot (lowest index first), or nothing when all are in use.
   std::optional<int32_t> TryAcquire() ABSL_LOCKS_EXCLUDED(mu_);
@@ -120,12 +129,15 @@ class Reservoir {
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
   std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  const int64_t elastic_margin_;  // free slots elastic overflow leaves
   int64_t overflow_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int32_t> parked_ ABSL_GUARDED_BY(mu_);
   int64_t park_owed_ ABSL_GUARDED_BY(mu_) = 0;  // to park when released
   bool pinned_ ABSL_GUARDED_BY(mu_) = false;
 
   void ParkLocked(int32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Units TryTakeOverflow could still lend.
+  int64_t OverflowAvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace shardcast

@@ -389,6 +389,13 @@ void SharedScan::AddDelivered(uint64_t id, uint64_t bytes) {
 }
 
 std::unique_ptr<BlockRead> SharedScan::NextRead() {
+  bool pressed = false;
+  std::unique_ptr<BlockRead> read = NextReadOrPressure(&pressed);
+  if (pressed && on_pressure_) on_pressure_();
+  return read;
+}
+
+std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
   if (Clock::now() < start_at_) return nullptr;  // the engine retries then
   MutexLock lock(&mu_);
   if (subs_.empty()) return nullptr;
@@ -433,7 +440,10 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
       }
     }
     const std::optional<int32_t> slot = reservoir_->TryAcquire();
-    if (!slot.has_value()) return nullptr;  // a release wakes the engine
+    if (!slot.has_value()) {  // a release wakes the engine
+      *pressed = reservoir_->overflow_excess() > 0;
+      return nullptr;
+    }
     std::shared_ptr<Block> block;
     absl::StatusOr<std::unique_ptr<BlockRead>> made =
         MakeRead(b, *slot, &block);
@@ -877,6 +887,7 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
                  : sparse              ? "buffered-random"
                                        : "buffered");
     scan->set_maps(std::move(maps));
+    scan->set_pressure_listener([this] { ReclaimUnderPressure(); });
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
     LogInfo("scan of ", dataset, " (", scan->selection_name(),
@@ -891,24 +902,31 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
   subscription->registry_ = this;
   subscription->scan_ = it->second;
   subscription->id_ = it->second->Subscribe(std::move(sub));
-  ReclaimOverflow();
+  ReclaimOverflow(reservoir_->elastic_shortfall());
   return subscription;
 }
 
-void ScanRegistry::ReclaimOverflow() {
-  // A new reservation may need memory that laggards borrowed beyond their
-  // lag bounds: take it back.
-  int64_t excess = reservoir_->overflow_excess();
+void ScanRegistry::ReclaimOverflow(int64_t limit) {
+  // Memory that laggards borrowed beyond their lag bounds, taken back when
+  // reads (or a region's parking, after a new reservation) need it.
+  int64_t excess = std::min(limit, reservoir_->overflow_excess());
   for (auto& [key, scan] : scans_) {
     if (excess <= 0) break;
     excess -= scan->ReclaimOverflow(excess);
   }
 }
 
+void ScanRegistry::ReclaimUnderPressure() {
+  // On the read engine's thread, holding nothing. A few blocks at a time:
+  // each is a laggard's block to read again later.
+  MutexLock lock(&mu_);
+  ReclaimOverflow(4);
+}
+
 absl::Status ScanRegistry::Reserve(int64_t slots, const std::string& what) {
   RETURN_IF_ERROR(reservoir_->Reserve(slots, what));
   MutexLock lock(&mu_);
-  ReclaimOverflow();
+  ReclaimOverflow(reservoir_->elastic_shortfall());
   return absl::OkStatus();
 }
 

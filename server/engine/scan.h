@@ -20,10 +20,13 @@
 // scan order) until the client moves them into its shuffle window. Every
 // stream reserves window + lag_blocks slots in the reservoir, so slots never
 // run out: a queue may always hold `lag_blocks`, and more while the
-// reservoir has slots nobody reserved (overflow). Overflow is charged per
+// reservoir can lend (overflow): slots nobody reserved, and beyond them
+// slots that are free now (reservations count every stream's worst case,
+// but the streams of a scan share its blocks). Overflow is charged per
 // block, not per queue: a block held beyond their lag bounds by several
 // subscribers (trainers lagging together) occupies one slot and costs one
-// unit. A subscriber whose queue
+// unit. What was lent beyond the reservations is taken back, newest blocks
+// first, when a read finds no free slot (ScanRegistry). A subscriber whose queue
 // is full and can get no overflow while another one is starving (blocked,
 // waiting for a block not read yet) is skipped for that block and gets it on
 // a later cycle; otherwise the scan waits for it. So clients that keep up
@@ -237,6 +240,12 @@ class SharedScan final : public BlockSource,
   /// How it reads ("direct", "buffered", "buffered-random"), for status.
   /// Set once, before the scan is shared.
   void set_io(std::string io) { io_ = std::move(io); }
+  /// Called (without the scan's lock) when a read finds no free slot while
+  /// elastic overflow is lent (Reservoir::overflow_excess): the registry
+  /// takes some back. Set once, before the scan is shared.
+  void set_pressure_listener(std::function<void()> listener) {
+    on_pressure_ = std::move(listener);
+  }
   /// Serves blocks from these maps of the shards instead of reading them
   /// (ScanReadMode::kMapped). Set once, before the scan is shared.
   void set_maps(std::shared_ptr<const ShardMaps> maps) {
@@ -295,6 +304,9 @@ class SharedScan final : public BlockSource,
     uint64_t delivered = 0, skipped = 0, bytes = 0;
   };
   void NewCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NextRead; *pressed when it found no free slot with elastic overflow lent.
+  std::unique_ptr<BlockRead> NextReadOrPressure(bool* pressed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   IndexSet BaseSet(const SubscriberSpec& spec) const;
   /// Makes `s` need `blocks` (replacing what it needed).
   void Need(Subscriber& s, IndexSet blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -340,6 +352,7 @@ class SharedScan final : public BlockSource,
   const std::string selection_name_;
   std::string io_;
   std::shared_ptr<const ShardMaps> maps_;
+  std::function<void()> on_pressure_;
   /// Per read: how many subscribers hold it beyond their lag bound (one
   /// reservoir overflow unit while > 0).
   std::unordered_map<uint64_t, int32_t> over_holders_ ABSL_GUARDED_BY(mu_);
@@ -433,7 +446,12 @@ class ScanRegistry {
  private:
   explicit ScanRegistry(ScanOptions options) : options_(options) {}
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReclaimOverflow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Takes back up to `limit` units of overflow lent beyond the
+  /// reservations.
+  void ReclaimOverflow(int64_t limit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// A scan's read found no free slot while overflow was lent elastically.
+  void ReclaimUnderPressure() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The engine stops before the reservoir its reads land in goes away.
   std::unique_ptr<Reservoir> reservoir_;

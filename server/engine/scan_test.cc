@@ -315,9 +315,10 @@ TEST_F(ScanTest, AJoinerGetsBlocksNobodyHoldsAnyMoreOnTheNextCycle) {
 }
 
 TEST_F(ScanTest, ALaggardIsDeferredOnlyWhileAnotherSubscriberStarves) {
-  MakeReservoir(8, 64);
-  // Every slot reserved: no spare memory to lend to a laggard.
-  ASSERT_TRUE(reservoir_->Reserve(64, "test").ok());
+  // Every slot reserved and no slot free beyond the elastic margin (4):
+  // no memory to lend to a laggard.
+  MakeReservoir(8, 6);
+  ASSERT_TRUE(reservoir_->Reserve(6, "test").ok());
   auto scan = MakeScan(6, /*lag_blocks=*/2);
   const uint64_t fast = Subscribe(*scan);
   const uint64_t slow = Subscribe(*scan);  // never takes a block
@@ -353,7 +354,7 @@ TEST_F(ScanTest, ALaggardIsDeferredOnlyWhileAnotherSubscriberStarves) {
   EXPECT_EQ(static_cast<int64_t>(f.size()), n - 3);
   std::sort(s.begin(), s.end());
   EXPECT_EQ(s, Iota(n));
-  reservoir_->Unreserve(64);
+  reservoir_->Unreserve(6);
 }
 
 TEST_F(ScanTest, LaggardsBorrowSpareMemoryAndGiveItBackWhenAsked) {
@@ -416,7 +417,9 @@ TEST_F(ScanTest, LaggardsHoldingTheSameBlocksBorrowOneUnitPerBlock) {
   ASSERT_TRUE(ServeOneRead(*scan));
   for (int i = 0; i < 3; ++i) {
     ASSERT_NE(TakeNext(*scan, fast), nullptr);
-    if (i < 2) ASSERT_TRUE(ServeOneRead(*scan));
+    if (i < 2) {
+      ASSERT_TRUE(ServeOneRead(*scan));
+    }
   }
   // Each laggard queues 5 (2 left + 3 new), 3 beyond the bound.
   EXPECT_EQ(reservoir_->overflow_taken(), 3);
@@ -429,6 +432,71 @@ TEST_F(ScanTest, LaggardsHoldingTheSameBlocksBorrowOneUnitPerBlock) {
         << "block " << b;
   }
   reservoir_->Unreserve(60);
+}
+
+TEST_F(ScanTest, LaggardsBorrowFreeSlotsBeyondTheReservationsUntilAReadNeedsThem) {
+  // Every slot reserved, but all are free: a laggard may hold what is free
+  // beyond the elastic margin (4 of 10 here), and gives it back when a read
+  // finds no free slot.
+  MakeReservoir(8, 10);
+  ASSERT_TRUE(reservoir_->Reserve(10, "test").ok());
+  auto scan = MakeScan(3, /*lag_blocks=*/2);
+  ASSERT_GE(scan->layout().num_blocks, 9);
+  int pressed = 0;
+  scan->set_pressure_listener([&] {
+    ++pressed;
+    scan->ReclaimOverflow(reservoir_->overflow_excess());
+  });
+  const uint64_t fast = Subscribe(*scan);
+  const uint64_t slow = Subscribe(*scan);  // never takes a block
+  // Reads go on while more than the margin is free when one starts: the
+  // slow one holds 2 in its bound and 4 more (free before each: 10..5).
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(ServeOneRead(*scan)) << i;
+    ASSERT_NE(TakeNext(*scan, fast), nullptr);
+  }
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 6);
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 0u);
+  EXPECT_EQ(reservoir_->overflow_taken(), 4);
+  EXPECT_EQ(reservoir_->overflow_excess(), 4);
+  EXPECT_EQ(reservoir_->slots_in_use(), 6);
+  // With only the margin free the scan waits for the slow one (the fast
+  // one is not starving), and reclaims nothing.
+  EXPECT_FALSE(ServeOneRead(*scan));
+  EXPECT_EQ(pressed, 0);
+  // The fast one starves: the slow one is deferred for the next blocks
+  // while slots are free; the fast one keeps them (4 slots)...
+  std::vector<BlockRef> held;
+  Take::Kind kind;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(TakeNext(*scan, fast, 0, &kind, [] {}), nullptr);
+    ASSERT_EQ(kind, Take::kWait);
+    ASSERT_TRUE(ServeOneRead(*scan)) << i;
+    held.push_back(TakeNext(*scan, fast));
+    ASSERT_NE(held.back(), nullptr);
+  }
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 4u);
+  EXPECT_EQ(reservoir_->slots_in_use(), 10);
+  // ...and when none is free, the elastic units come back (the slow one's
+  // newest blocks, needed again) so that the fast one can go on.
+  EXPECT_EQ(TakeNext(*scan, fast, 0, &kind, [] {}), nullptr);
+  EXPECT_FALSE(ServeOneRead(*scan));  // no slot: pressure
+  EXPECT_EQ(pressed, 1);
+  EXPECT_EQ(reservoir_->overflow_excess(), 0);
+  EXPECT_EQ(reservoir_->overflow_taken(), 0);
+  EXPECT_EQ(StatusOf(*scan, slow).queued, 2);
+  EXPECT_EQ(StatusOf(*scan, slow).blocks_skipped, 8u);
+  EXPECT_EQ(reservoir_->slots_in_use(), 6);
+  ASSERT_TRUE(ServeOneRead(*scan));
+  // Both still get their epochs exactly.
+  held.clear();
+  const int64_t n = scan->layout().num_blocks;
+  std::vector<int64_t> f = TakeEpoch(*scan, fast, 0);
+  std::vector<int64_t> s = TakeEpoch(*scan, slow, 0);
+  EXPECT_EQ(static_cast<int64_t>(f.size()), n - 10);
+  std::sort(s.begin(), s.end());
+  EXPECT_EQ(s, Iota(n));
+  reservoir_->Unreserve(10);
 }
 
 TEST_F(ScanTest, LeavingReleasesQueuedBlocksAndWhatOnlyTheLeaverNeeded) {

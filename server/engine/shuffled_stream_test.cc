@@ -453,7 +453,7 @@ TEST_F(ShuffledStreamTest,
   EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not returned";
 }
 
-TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClient) {
+TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClientAsTheyNeedIt) {
   EngineConfig c;
   c.window = 2;
   c.lag = 2;
@@ -473,7 +473,9 @@ TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClient) {
   auto b = Open(spec, 3);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not taken back";
+  // The lent memory is taken back as their reads need slots (the paused
+  // client's newest blocks are dropped, to be read again for it later):
+  // without that they would wait for ever here.
   Drained out_a, out_b;
   std::thread ta([&] { out_a = Drain(a.get(), 10, -1, 0); });
   std::thread tb([&] { out_b = Drain(b.get(), 10, -1, 0); });
