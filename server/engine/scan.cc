@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -676,21 +677,34 @@ bool Sparse(const DatasetDesc& d, const Selection& sel) {
 }
 
 // The fraction of a sample of the selection's pages that sits in the page
-// cache, found with RWF_NOWAIT reads (they return EAGAIN instead of going
-// to the disk; mincore() would need write access to the files). The probe
+// cache, found with RWF_NOWAIT reads (they return EAGAIN instead of waiting
+// for the disk; mincore() would need write access to the files). A miss
+// still starts the read of that page (RWF_NOWAIT only does not wait for
+// it), so every probe draws its pages at random: a fixed sample would be
+// found cached by the next probe of the same cold data (a cold scan started
+// right after another one was served from maps, at 60 MB/s). The probe
 // descriptors are advised POSIX_FADV_RANDOM so that a miss starts no
 // read-ahead: at most the sampled pages themselves are read. -1 when the
 // filesystem cannot answer.
 double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
   constexpr int64_t kSamples = 32;
   const int64_t rows = layout.sel.num_rows;
-  if (rows <= 0) return -1;
+  const int64_t per_row = layout.sel.vectors_per_row;
+  if (rows <= 0 || per_row <= 0) return -1;
   std::vector<UniqueFd> probes(r.desc().shards.size());
   char page[4096];
   int64_t asked = 0, cached = 0;
+  std::mt19937_64 random(std::random_device{}());
+  const auto uniform = [&random](int64_t lo, int64_t hi) {  // [lo, hi)
+    return std::uniform_int_distribution<int64_t>(lo, hi - 1)(random);
+  };
   for (int64_t i = 0; i < std::min(kSamples, rows); ++i) {
-    const int64_t row = i * rows / std::min(kSamples, rows);
-    absl::StatusOr<VectorLocation> at = layout.sel.Locate(r.desc(), row, 0);
+    // One page in each of kSamples equal parts of the selection.
+    const int64_t part = std::min(kSamples, rows);
+    const int64_t first = i * rows / part, end = (i + 1) * rows / part;
+    const int64_t row = uniform(first, std::max(end, first + 1));
+    const int64_t token = uniform(0, per_row);
+    absl::StatusOr<VectorLocation> at = layout.sel.Locate(r.desc(), row, token);
     if (!at.ok() || r.shard_fd(at->shard) < 0) continue;
     UniqueFd& fd = probes[static_cast<size_t>(at->shard)];
     if (!fd.valid()) {

@@ -10,6 +10,7 @@ when the selection has gaps. Every vector is checked against numpy.
 
 import mmap
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,20 @@ def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
     assert io == "direct", io
     selected = 16 * 255 * 4096
     # Read from the device (it was evicted), and nothing of the other layer.
+    assert 0.95 * selected <= read <= 1.05 * selected, (read, selected, read / selected)
+    # O_DIRECT left nothing in the page cache, so the next scan of the same
+    # data is cold too: the cache probe of the first one (whose misses read
+    # their pages) must not make it look cached.
+    with shardcast.Client(d.address) as client:
+        deadline = time.monotonic() + 10
+        while any(s.dataset == ref.path.name for s in client.status().scans):
+            assert time.monotonic() < deadline, "the first scan did not end"
+            time.sleep(0.05)
+    before = proc_read_bytes(d.pid)
+    rows, io = stream_epoch(d, ref, 12, batch_size=128)
+    read = proc_read_bytes(d.pid) - before
+    assert_exact_epoch(rows, ref.selection(12), "second cold epoch")
+    assert io == "direct", io
     assert 0.95 * selected <= read <= 1.05 * selected, (read, selected, read / selected)
 
 
