@@ -218,4 +218,15 @@ absl::Status RemoveTree(const std::string& path) {
   return absl::OkStatus();
 }
 
+int64_t CountOpenDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int64_t n = -1;  // the directory's own descriptor is listed too
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
 }  // namespace shardcast

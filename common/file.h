@@ -99,6 +99,11 @@ std::string DirName(absl::string_view path);
 /// returned). Used to discard a writer's temporary directory.
 absl::Status RemoveTree(const std::string& path);
 
+/// How many descriptors this process has open (entries of /proc/self/fd,
+/// less the one reading it); -1 with errno set when it cannot be read
+/// (EMFILE: none left to read it with).
+int64_t CountOpenDescriptors();
+
 }  // namespace shardcast
 
 #endif  // SHARDCAST_COMMON_FILE_H_

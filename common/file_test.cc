@@ -138,4 +138,17 @@ TEST_F(FileTest, OpenRegularFileRefusesWhatIsNotAFileWithoutBlocking) {
 }
 
 }  // namespace
+TEST(CountOpenDescriptors, FollowsOpenAndClose) {
+  const int64_t before = CountOpenDescriptors();
+  ASSERT_GE(before, 3) << "stdin, stdout and stderr at least";
+  const int a = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int b = ::dup(a);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(CountOpenDescriptors(), before + 2);
+  ::close(a);
+  ::close(b);
+  EXPECT_EQ(CountOpenDescriptors(), before);
+}
+
 }  // namespace shardcast

@@ -1,6 +1,5 @@
 #include "server/transport/local_acceptor.h"
 
-#include <dirent.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/eventfd.h>
@@ -68,20 +67,15 @@ constexpr int kDescriptorReserve = 16;
 // How many more descriptors this process may open (RLIMIT_NOFILE minus the
 // open ones, counted in /proc/self/fd; a connection is accepted rarely
 // enough for that).
-int DescriptorsLeft() {
+int64_t DescriptorsLeft() {
   struct rlimit limit;
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
       limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > (1u << 30)) {
     return 1 << 30;
   }
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return errno == EMFILE || errno == ENFILE ? 0 : 1 << 30;
-  int open = -1;  // the directory's own descriptor is listed too
-  while (const struct dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] != '.') ++open;
-  }
-  ::closedir(dir);
-  return static_cast<int>(limit.rlim_cur) - open;
+  const int64_t open = CountOpenDescriptors();
+  if (open < 0) return errno == EMFILE || errno == ENFILE ? 0 : 1 << 30;
+  return static_cast<int64_t>(limit.rlim_cur) - open;
 }
 
 }  // namespace

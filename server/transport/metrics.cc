@@ -1,9 +1,9 @@
 #include "server/transport/metrics.h"
 
-#include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file.h"
 #include "common/version.h"
 
 namespace shardcast {
@@ -45,18 +46,6 @@ std::string Labels(const StreamFigures& c) {
                       LabelValue(c.info.peer), "\",dataset=\"",
                       LabelValue(c.info.dataset), "\",transport=\"",
                       c.info.transport, "\"}");
-}
-
-// Entries of /proc/self/fd, less the one reading it.
-int64_t OpenFds() {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
-  int64_t n = 0;
-  while (const dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n > 0 ? n - 1 : 0;
 }
 
 double CpuSeconds() {
@@ -107,7 +96,7 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   metric("process_resident_memory_bytes", "gauge",
          "Resident memory size in bytes.", ResidentBytes());
   metric("process_open_fds", "gauge", "Number of open file descriptors.",
-         OpenFds());
+         std::max<int64_t>(0, CountOpenDescriptors()));
   metric("process_cpu_seconds_total", "counter",
          "Total user and system CPU time spent in seconds.", CpuSeconds());
   metric("shardcast_calls_in_flight", "gauge", "Calls being served.",
