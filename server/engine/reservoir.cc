@@ -127,19 +127,14 @@ bool Reservoir::TryTakeOverflow() {
   // Called for a block that holds its slot already (a scan checks
   // overflow_available() >= 1 before it reads one), hence `margin` free
   // slots suffice here.
-  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
-  if (num_slots_ - reserved_ - overflow_ < 1 && free_now < elastic_margin_) {
-    return false;
-  }
+  if (SpareLocked() < 1 && FreeLocked() < elastic_margin_) return false;
   ++overflow_;
   return true;
 }
 
 int64_t Reservoir::OverflowAvailableLocked() const {
-  const int64_t spare = num_slots_ - reserved_ - overflow_;
-  // Elastic: slots free now (less those owed to parking) beyond the margin.
-  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
-  return std::max<int64_t>({0, spare, free_now - elastic_margin_});
+  // The spare, or elastically the free slots beyond the margin.
+  return std::max<int64_t>({0, SpareLocked(), FreeLocked() - elastic_margin_});
 }
 
 void Reservoir::ReturnOverflow(int64_t n) {
@@ -159,14 +154,13 @@ int64_t Reservoir::overflow_available() const {
 
 int64_t Reservoir::overflow_excess() const {
   MutexLock lock(&mu_);
-  return std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
+  return std::max<int64_t>(0, -SpareLocked());
 }
 
 int64_t Reservoir::elastic_shortfall() const {
   MutexLock lock(&mu_);
-  const int64_t excess = std::max<int64_t>(0, reserved_ + overflow_ - num_slots_);
-  const int64_t free_now = static_cast<int64_t>(free_.size()) - park_owed_;
-  return std::min(excess, std::max<int64_t>(0, elastic_margin_ - free_now));
+  return std::min(std::max<int64_t>(0, -SpareLocked()),
+                  std::max<int64_t>(0, elastic_margin_ - FreeLocked()));
 }
 
 int64_t Reservoir::overflow_taken() const {

@@ -138,6 +138,15 @@ class Reservoir {
   void ParkLocked(int32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Units TryTakeOverflow could still lend.
   int64_t OverflowAvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slots beyond the reservations and the overflow lent (negative: lent
+  // elastically, see overflow_excess).
+  int64_t SpareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return num_slots_ - reserved_ - overflow_;
+  }
+  // Slots free now, less those owed to parking.
+  int64_t FreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(free_.size()) - park_owed_;
+  }
 };
 
 }  // namespace shardcast
