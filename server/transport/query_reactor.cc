@@ -15,8 +15,6 @@
 namespace shardcast {
 namespace {
 
-constexpr absl::string_view kGetVectorsMethod =
-    "/shardcast.v1.Query/GetVectors";
 // Up to this many vectors a cached GetVectors is served inline (64 x 4 KiB
 // vectors: a ~20 us copy on the callback thread).
 constexpr size_t kInlineMaxVectors = 64;
@@ -29,6 +27,8 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
                grpc::GenericCallbackServerContext* ctx)
       : context_(context),
         method_(ctx->method()),
+        // The router sends only kQueryMethodPrefix methods here.
+        name_(method_.substr(sizeof(kQueryMethodPrefix) - 1)),
         peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
                                        : ctx->peer()) {
     context_.metrics->calls_total++;
@@ -68,7 +68,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   // and back cost more than the call itself (RESULTS.md, random access).
   // Anything that would wait for the disk goes to the pool.
   bool ServedInline() {
-    if (method_ != kGetVectorsMethod) return false;
+    if (name_ != "GetVectors") return false;
     absl::Status parsed = ParseVectorsRequest();
     if (!parsed.ok()) {
       FinishWith(parsed);
@@ -79,9 +79,11 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
                                                       kInlineMaxVectors);
     if (!r.has_value()) return false;
     context_.metrics->queries_inline++;
-    Reply(r->ok() ? absl::StatusOr<grpc::ByteBuffer>(
-                        VectorsReply(std::move(**r)))
-                  : absl::StatusOr<grpc::ByteBuffer>(r->status()));
+    if (r->ok()) {
+      Reply(VectorsReply(std::move(**r)));
+    } else {
+      FinishWith(r->status());
+    }
     return true;
   }
 
@@ -113,12 +115,11 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   // Converts the request, runs the query, converts the result.
   absl::StatusOr<grpc::ByteBuffer> Dispatch() {
     const QueryEngine& queries = context_.engine->queries();
-    const std::string name = method_.substr(sizeof(kQueryMethodPrefix) - 1);
-    if (name == "GetVectors") {  // parsed by ServedInline
+    if (name_ == "GetVectors") {  // parsed by ServedInline
       ASSIGN_OR_RETURN(VectorsResult r, queries.GetVectors(dataset_, coords_));
       return VectorsReply(std::move(r));
     }
-    if (name == "GetExample") {
+    if (name_ == "GetExample") {
       v1::GetExampleRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
       std::optional<int64_t> layer;
@@ -127,7 +128,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
                        queries.GetExample(req.dataset(), req.example(), layer));
       return VectorsReply(std::move(r));
     }
-    if (name == "GetLabels") {
+    if (name_ == "GetLabels") {
       v1::GetLabelsRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
       ASSIGN_OR_RETURN(std::string labels,
@@ -137,7 +138,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       reply.set_labels(std::move(labels));
       return ProtoReply(reply);
     }
-    if (name == "GetExampleInfo") {
+    if (name_ == "GetExampleInfo") {
       v1::GetExampleInfoRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
       ASSIGN_OR_RETURN(std::string json,
@@ -161,6 +162,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string method_;
+  const std::string name_;  // method_ without kQueryMethodPrefix
   const std::string peer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
