@@ -698,10 +698,10 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
   const auto uniform = [&random](int64_t lo, int64_t hi) {  // [lo, hi)
     return std::uniform_int_distribution<int64_t>(lo, hi - 1)(random);
   };
-  for (int64_t i = 0; i < std::min(kSamples, rows); ++i) {
-    // One page in each of kSamples equal parts of the selection.
-    const int64_t part = std::min(kSamples, rows);
-    const int64_t first = i * rows / part, end = (i + 1) * rows / part;
+  // One page in each of `parts` equal parts of the selection.
+  const int64_t parts = std::min(kSamples, rows);
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t first = i * rows / parts, end = (i + 1) * rows / parts;
     const int64_t row = uniform(first, std::max(end, first + 1));
     const int64_t token = uniform(0, per_row);
     absl::StatusOr<VectorLocation> at = layout.sel.Locate(r.desc(), row, token);
