@@ -1,8 +1,8 @@
 #include "server/transport/local_acceptor.h"
 
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/server_posix.h"
 #include "server/transport/address.h"
+#include "server/transport/payload_router.h"
 
 namespace shardcast {
 namespace {
@@ -30,12 +31,7 @@ class RefusingService final : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* /*context*/) override {
-    class Refusal final : public grpc::ServerGenericBidiReactor {
-     public:
-      explicit Refusal(const grpc::Status& status) { Finish(status); }
-      void OnDone() override { delete this; }
-    };
-    return new Refusal(status_);
+    return NewRefusingReactor(status_);
   }
 
  private:

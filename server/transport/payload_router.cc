@@ -1,5 +1,7 @@
 #include "server/transport/payload_router.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/tsan.h"
 #include "server/transport/query_reactor.h"
@@ -20,25 +22,29 @@ class RefusingReactor final : public grpc::ServerGenericBidiReactor {
   }
   void OnDone() override {
     TsanAcquire(this);
-    delete this;
+    DeleteReactor(this);
   }
 };
 
 }  // namespace
+
+grpc::ServerGenericBidiReactor* NewRefusingReactor(grpc::Status status) {
+  return new RefusingReactor(std::move(status));
+}
 
 grpc::ServerGenericBidiReactor* PayloadRouter::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
   const bool shared = ctx->method() == kSharedStreamMethod;
   const bool is_stream = shared || ctx->method() == kStreamMethod;
   if (!is_stream && ctx->method().rfind(kQueryMethodPrefix, 0) != 0) {
-    return new RefusingReactor(
+    return NewRefusingReactor(
         grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                      absl::StrCat("unknown method ", ctx->method())));
   }
   if (!context_.serving->load()) {
     context_.metrics->CallDone(absl::StatusCode::kUnavailable);
-    return new RefusingReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                            "shardcastd is shutting down"));
+    return NewRefusingReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "shardcastd is shutting down"));
   }
   if (is_stream) return NewStreamReactor(context_, ctx, shared);
   return NewQueryReactor(context_, ctx);

@@ -11,6 +11,10 @@
 
 namespace shardcast {
 
+/// A reactor that finishes its call with `status` before reading anything;
+/// deletes itself when gRPC is done with it.
+grpc::ServerGenericBidiReactor* NewRefusingReactor(grpc::Status status);
+
 /// Thread-safe.
 class PayloadRouter final : public grpc::CallbackGenericService {
  public:

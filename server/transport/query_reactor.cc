@@ -59,7 +59,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   void OnDone() override {
     TsanAcquire(this);
     context_.metrics->calls_in_flight--;
-    delete this;
+    DeleteReactor(this);
   }
 
  private:
@@ -108,8 +108,9 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     reply_ = std::move(*reply);
     context_.metrics->bytes_served += reply_.Length();
     context_.metrics->CallDone(absl::StatusCode::kOk);
-    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-    StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+    TsanHandOff(this, [&] {
+      StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+    });
   }
 
   // Converts the request, runs the query, converts the result.
@@ -156,8 +157,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     Log(LogLevel::kInfo,
         absl::StrCat("call ", method_, " failed: ", status.ToString()),
         {{"peer", peer_}});
-    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-    Finish(ToGrpcStatus(status));
+    TsanHandOff(this, [&] { Finish(ToGrpcStatus(status)); });
   }
 
   const TransportContext context_;

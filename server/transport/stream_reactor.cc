@@ -50,9 +50,9 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
       spec.transform.dtype = OutputDType::kFloat16;
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype: ", static_cast<int>(req.dtype()),
-                       " is not one of 0 (float32), 1 (bfloat16), 2 (float16)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype: ", static_cast<int>(req.dtype()),
+          " is not one of 0 (float32), 1 (bfloat16), 2 (float16)"));
   }
   spec.transform.scale_norm = req.scale_norm();
   spec.transform.center = req.center();
@@ -148,8 +148,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       }
     }
     if (start) {
-      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-      StartWrite(&reply_);
+      TsanHandOff(this, [&] { StartWrite(&reply_); });
     }
     if (schedule) Schedule();
     if (finish) Done();
@@ -172,7 +171,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
                      " vector bytes (", bytes_, " in messages), ",
                      final_status_),
         {{"client", client_}, {"peer", peer_}});
-    delete this;
+    DeleteReactor(this);
   }
 
  private:
@@ -287,8 +286,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
         {{"client", client_}, {"peer", peer_}, {"dataset", info.dataset}});
     if (shared_) {
       // From now on the client's messages return slots.
-      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-      StartRead(&request_);
+      TsanHandOff(this, [&] { StartRead(&request_); });
     }
     Produce();
   }
@@ -334,8 +332,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       MutexLock lock(&mu_);
       if (producer_ == Producer::kDone) return;  // the stream is ending
     }
-    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-    StartRead(&request_);
+    TsanHandOff(this, [&] { StartRead(&request_); });
   }
 
   // On a worker: fills the next batch and starts writing it (or queues it
@@ -398,8 +395,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       }
     }
     if (start) {
-      TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-      StartWrite(&reply_);
+      TsanHandOff(this, [&] { StartWrite(&reply_); });
       Schedule();
     }
   }
@@ -440,8 +436,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     }
     context_.metrics->CallDone(status.code());
     final_status_ = status.ToString();
-    TsanRelease(this);  // hand-off to gRPC (see common/tsan.h)
-    Finish(ToGrpcStatus(status));
+    TsanHandOff(this, [&] { Finish(ToGrpcStatus(status)); });
   }
 
   const TransportContext context_;
