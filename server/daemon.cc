@@ -28,6 +28,7 @@
 #include "server/transport/admin_service.h"
 #include "server/transport/buffer_pool.h"
 #include "server/transport/context.h"
+#include "server/transport/grpc_wire.h"
 #include "server/transport/http_admin.h"
 #include "server/transport/local_acceptor.h"
 #include "server/transport/metrics.h"
@@ -217,6 +218,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// True once gRPC holds no slice of the engine's blocks (ViewsBatchReply),
+// false if some are still held after `timeout`.
+bool WaitForViewSlices(absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (ViewSlicesOutstanding() > 0) {
+    if (absl::Now() >= end) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
 }  // namespace
 
 struct Daemon::Impl {
@@ -395,6 +407,18 @@ void Daemon::Shutdown() {
   d->server->Wait();
   TsanAcquire(&d->metrics);  // every admin handler ran before (Wait)
   d->pool.reset();  // runs what is queued; their reactors are already done
+  // Batches sent as views pin the engine's blocks until gRPC lets go of
+  // their slices, which may be after the calls are done (with their
+  // connections, when the server goes).
+  if (!WaitForViewSlices(absl::Seconds(2))) {
+    d->server.reset();
+    if (!WaitForViewSlices(absl::Seconds(10))) {
+      LogError("gRPC still holds ", ViewSlicesOutstanding(),
+               " batch slice(s) of the engine's blocks: the engine is left "
+               "to the process's exit");
+      (void)d->engine.release();
+    }
+  }
   // /metrics reads the engine: stop the HTTP endpoint before the engine.
   if (d->http != nullptr) d->http->Stop();
   // Regions hold reservoir leases: let go of them before the engine.

@@ -22,8 +22,33 @@ void SetBatchRow(StreamBatch* out, size_t i, int64_t example, int32_t content,
   if (!out->labels.empty()) out->labels[i] = static_cast<char>(label);
 }
 
+uint32_t VectorViews::PinOf(const void* owner) {
+  return pin_of_.try_emplace(owner, static_cast<uint32_t>(pins.size()))
+      .first->second;
+}
+
+void VectorViews::AddRun(const char* data, size_t bytes, uint32_t pin) {
+  total_ += bytes;
+  if (!runs.empty()) {
+    Run& last = runs.back();
+    if (last.pin == pin && last.data + last.bytes == data) {
+      last.bytes += bytes;
+      return;
+    }
+  }
+  runs.push_back({data, bytes, pin});
+}
+
+void VectorViews::Clear() {
+  runs.clear();
+  pins.clear();
+  pin_of_.clear();
+  total_ = 0;
+}
+
 absl::Status CheckVectorDest(VectorDest dest, int64_t batch_size,
                              uint64_t vector_bytes) {
+  if (dest.views != nullptr) return absl::OkStatus();
   if (dest.capacity < static_cast<uint64_t>(batch_size) * vector_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch buffer of ", dest.capacity, " bytes is smaller than a batch (",

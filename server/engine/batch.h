@@ -6,17 +6,58 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 
 namespace shardcast {
 
+/// A batch's vectors left where the engine holds them (reservoir slots,
+/// shard maps), for a transport that can send memory without copying it
+/// (gRPC slices). Each run is valid while its pin lives; the transport keeps
+/// the pins until the bytes are sent.
+struct VectorViews {
+  struct Run {
+    const char* data;
+    size_t bytes;
+    uint32_t pin;  // index into pins
+  };
+  std::vector<Run> runs;  // in batch order
+  std::vector<std::shared_ptr<const void>> pins;
+
+  /// Appends `bytes` at `data`, kept valid by `owner` (pinned once per
+  /// batch however many runs it holds); merges with the run before when
+  /// they are adjacent in the same owner.
+  template <typename T>
+  void Add(const char* data, size_t bytes, const std::shared_ptr<T>& owner) {
+    const uint32_t pin = PinOf(owner.get());
+    if (pin == pins.size()) pins.push_back(owner);
+    AddRun(data, bytes, pin);
+  }
+  size_t total_bytes() const { return total_; }
+  bool empty() const { return runs.empty(); }
+  void Clear();
+
+ private:
+  // The pin of `owner`, pins.size() for one not pinned yet.
+  uint32_t PinOf(const void* owner);
+  void AddRun(const char* data, size_t bytes, uint32_t pin);
+
+  std::unordered_map<const void*, uint32_t> pin_of_;
+  size_t total_ = 0;
+};
+
 /// Where a batch's vectors go: memory the transport owns (a gRPC payload
-/// buffer, a shared-memory slot), written once. Not owned.
+/// buffer, a shared-memory slot), written once. Not owned. With `views`
+/// set (only for a source whose CanView() is true), the source lists the
+/// vectors there instead and `data` is not used.
 struct VectorDest {
   char* data = nullptr;
   size_t capacity = 0;
+  VectorViews* views = nullptr;
 };
 
 /// One batch's metadata, ready for the wire; its vectors (float32 [rows, D])

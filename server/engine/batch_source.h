@@ -59,6 +59,11 @@ class BatchSource {
   virtual absl::StatusOr<Fill> Next(VectorDest dest, StreamBatch* out,
                                     std::function<void()> waker) = 0;
 
+  /// True when Next may be given a VectorDest with `views` (batch.h): the
+  /// source can hand out its vectors where they lie, with no copy (plain
+  /// float32 output from blocks in memory). A transform always copies.
+  virtual bool CanView() const { return false; }
+
   const BatchShape& shape() const { return shape_; }
 
   /// Applies `transform` to every vector from the next batch on (instead of

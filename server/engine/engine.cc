@@ -31,6 +31,7 @@ class SealedSource final : public BatchSource {
     }
     return fill;
   }
+  bool CanView() const override { return inner_->CanView(); }
 
  private:
   std::unique_ptr<BatchSource> inner_;

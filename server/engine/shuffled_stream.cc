@@ -259,8 +259,13 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   const size_t at = static_cast<size_t>(i);
   const int64_t g = b.first_vector + e.local;
   const int64_t row = g / sel.vectors_per_row;
-  copies_.push_back({dest.data + at * shape_.vector_bytes, b.vector(e.local),
-                     sel.layer_of(row)});
+  if (dest.views != nullptr) {
+    dest.views->Add(b.vector(e.local), shape_.vector_bytes, a.block);
+    viewed_ = true;
+  } else {
+    copies_.push_back({dest.data + at * shape_.vector_bytes, b.vector(e.local),
+                       sel.layer_of(row)});
+  }
   const int64_t example = sel.example_of(row);
   const int32_t content = static_cast<int32_t>(
       sel.token_begin + g % sel.vectors_per_row - (d.cls_token ? 1 : 0));
@@ -295,8 +300,9 @@ absl::Status ShuffledStream::Copy() {
                        copies_[k].layer_index);
     }
   }
-  const bool copied = !copies_.empty();
+  const bool copied = !copies_.empty() || viewed_;
   copies_.clear();
+  viewed_ = false;
   // A block served from a shard map whose file lost data since the block
   // was made (truncated under us: MappedFile) copied zeros for it: the
   // batch must not go out.
@@ -323,6 +329,12 @@ absl::StatusOr<BatchSource::Fill> ShuffledStream::Next(
 absl::StatusOr<BatchSource::Fill> ShuffledStream::Assemble(
     VectorDest dest, StreamBatch* out, std::function<void()> waker) {
   RETURN_IF_ERROR(CheckVectorDest(dest, spec_.batch_size, shape_.vector_bytes));
+  if (dest.views != nullptr && !CanView()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", shape_.transform,
+                     " output is converted while copied: it cannot be given "
+                     "as views of the blocks"));
+  }
   const bool all_layers = layout_.sel.layer_index < 0;
   const bool labels = reader_->info().has_labels;
   while (true) {

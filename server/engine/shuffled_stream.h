@@ -52,6 +52,10 @@ class ShuffledStream final : public BatchSource {
   /// DATA_LOSS when a block could not be read (naming the file).
   absl::StatusOr<Fill> Next(VectorDest dest, StreamBatch* out,
                             std::function<void()> waker) override;
+  /// With the plain float32 output: `dest.views` gets the vectors in their
+  /// blocks, each pinned by its block (the block's reservoir slot stays
+  /// taken until the transport lets go of the pin).
+  bool CanView() const override { return transform_.identity(); }
 
   /// Vectors this client gets per epoch; -1 with a label filter (unknown
   /// until the labels are read).
@@ -80,8 +84,8 @@ class ShuffledStream final : public BatchSource {
   absl::StatusOr<Fill> Assemble(VectorDest dest, StreamBatch* out,
                                 std::function<void()> waker);
   // Performs the copies drawn, then lets go of the blocks they emptied.
-  // DATA_LOSS when a mapped block's file lost data meanwhile (the copies
-  // may hold zeros then).
+  // DATA_LOSS when a mapped block's file lost data meanwhile (the copies,
+  // or the views, may hold zeros then).
   absl::Status Copy();
   void StartEpoch(int64_t epoch, int64_t batch_index);
 
@@ -117,6 +121,7 @@ class ShuffledStream final : public BatchSource {
   };
   std::vector<PendingCopy> copies_;
   std::vector<BlockRef> retired_;  // emptied by those draws; kept until copied
+  bool viewed_ = false;  // vectors went into views since the last Copy
 
   bool in_batch_ = false;  // a batch is partly assembled
   int64_t filled_ = 0;

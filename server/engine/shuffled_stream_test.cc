@@ -120,12 +120,18 @@ class ShuffledStreamTest : public ::testing::Test {
   // every vector and label. `after_batch` runs after each batch (slow
   // clients sleep there). Waits for blocks like the daemon's reactor does:
   // Next returns kPending and the waker says when to call again.
+  // With `views` the batches are taken as views of the blocks (VectorViews,
+  // what the gRPC path sends), gathered here to be checked; each batch's
+  // views stay in `views` until the next batch.
   static Drained Drain(ShuffledStream* s, int64_t batch_size,
                        int max_batches = -1, int64_t single_layer = 6,
-                       const std::function<void(int)>& after_batch = nullptr) {
+                       const std::function<void(int)>& after_batch = nullptr,
+                       VectorViews* views = nullptr) {
     Drained d;
     std::vector<char> buffer(static_cast<size_t>(batch_size) * kD * 4);
-    const VectorDest dest{buffer.data(), buffer.size()};
+    const VectorDest dest = views != nullptr
+                                ? VectorDest{nullptr, 0, views}
+                                : VectorDest{buffer.data(), buffer.size()};
     StreamBatch b;
     struct Waiter {
       std::mutex mu;
@@ -160,6 +166,17 @@ class ShuffledStreamTest : public ::testing::Test {
         }
         continue;
       }
+      if (views != nullptr) {
+        EXPECT_EQ(views->total_bytes(), static_cast<size_t>(b.rows) * kD * 4);
+        size_t at = 0;
+        for (const VectorViews::Run& r : views->runs) {
+          EXPECT_LE(at + r.bytes, buffer.size());
+          if (at + r.bytes > buffer.size()) break;
+          EXPECT_LT(r.pin, views->pins.size());
+          std::memcpy(buffer.data() + at, r.data, r.bytes);
+          at += r.bytes;
+        }
+      }
       d.sizes.push_back(b.rows);
       d.token = b.resume_token;
       for (int64_t i = 0; i < b.rows; ++i) {
@@ -168,6 +185,9 @@ class ShuffledStreamTest : public ::testing::Test {
       }
       if (after_batch) after_batch(n);
       ++n;
+      if (views != nullptr && (max_batches < 0 || n < max_batches)) {
+        views->Clear();
+      }
     }
     return d;
   }
@@ -248,6 +268,103 @@ TEST_F(ShuffledStreamTest, EveryEpochIsAPermutationOfEverySelection) {
     EXPECT_EQ(SlotsInUseWhenSettled(), 0) << "blocks leaked";
     EXPECT_EQ(reservoir_->slots_reserved(), 0) << "reservation leaked";
   }
+}
+
+TEST_F(ShuffledStreamTest, ViewsOfTheBlocksAreTheBatchesCopiesWouldBe) {
+  // The gRPC path takes a batch as views of the blocks instead of copying
+  // it: the same rows in the same order, each vector the generator's.
+  for (ScanReadMode mode : {ScanReadMode::kBuffered, ScanReadMode::kMapped}) {
+    SCOPED_TRACE(mode == ScanReadMode::kMapped ? "mapped" : "buffered");
+    EngineConfig c;
+    c.mode = mode;
+    StartEngine(c);
+    StreamSpec spec;
+    spec.batch_size = 7;
+    spec.epochs = 2;
+    auto copied = Open(spec, 42);
+    ASSERT_NE(copied, nullptr);
+    const Drained a = Drain(copied.get(), 7, -1, 0);
+    copied.reset();
+    auto viewed = Open(spec, 42);
+    ASSERT_NE(viewed, nullptr);
+    ASSERT_TRUE(viewed->CanView());
+    VectorViews views;
+    const Drained b = Drain(viewed.get(), 7, -1, 0, nullptr, &views);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    EXPECT_EQ(Sorted(Epoch(b, 0)),
+              Sorted(Expected(std::nullopt, TokenSelection::kContent)));
+    EXPECT_EQ(a.rows, b.rows);
+    EXPECT_EQ(a.sizes, b.sizes);
+    viewed.reset();
+    EXPECT_EQ(SlotsInUseWhenSettled(), 0) << "views kept blocks";
+  }
+}
+
+TEST_F(ShuffledStreamTest, AViewPinsItsBlocksUntilLetGo) {
+  // A batch sent as views may still be in gRPC's hands after the stream
+  // has moved on or ended: its blocks' slots stay taken (not reused by
+  // reads of other streams) until the views are let go.
+  EngineConfig c;
+  c.mode = ScanReadMode::kBuffered;  // blocks in reservoir slots
+  c.slots = 24;
+  c.lag = 8;
+  StartEngine(c);
+  StreamSpec spec;
+  spec.batch_size = 5;
+  spec.epochs = 1;
+  auto first = Open(spec, 3);
+  ASSERT_NE(first, nullptr);
+  VectorViews held;
+  const Drained d = Drain(first.get(), 5, 1, 0, nullptr, &held);
+  ASSERT_TRUE(d.status.ok()) << d.status;
+  ASSERT_EQ(d.rows.size(), 5u);
+  ASSERT_FALSE(held.pins.empty());
+  std::vector<std::string> bytes;
+  for (const VectorViews::Run& r : held.runs)
+    bytes.emplace_back(r.data, r.bytes);
+  first.reset();  // the stream is gone; the views are not
+  // Reads in flight when it left release their slots as they complete.
+  for (int i = 0; i < 1000 && static_cast<size_t>(reservoir_->slots_in_use()) >
+                                  held.pins.size();
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(static_cast<size_t>(reservoir_->slots_in_use()), held.pins.size());
+  // Other streams read the whole selection through the remaining slots.
+  for (uint64_t seed : {5, 6}) {
+    auto other = Open(spec, seed);
+    ASSERT_NE(other, nullptr);
+    const Drained o = Drain(other.get(), 5, -1, 0);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+  }
+  ASSERT_EQ(bytes.size(), held.runs.size());
+  for (size_t i = 0; i < held.runs.size(); ++i) {
+    EXPECT_EQ(std::string(held.runs[i].data, held.runs[i].bytes), bytes[i])
+        << "run " << i << " was overwritten while pinned";
+  }
+  held.Clear();
+  EXPECT_EQ(SlotsInUseWhenSettled(), 0);
+}
+
+TEST_F(ShuffledStreamTest, ATransformedStreamCannotBeViewed) {
+  StreamSpec spec;
+  spec.batch_size = 4;
+  spec.epochs = 1;
+  auto s = Open(spec, 1);
+  ASSERT_NE(s, nullptr);
+  TransformSpec t;
+  t.dtype = OutputDType::kBFloat16;
+  auto transform = VectorTransform::Create(t, reader_->desc(), nullptr,
+                                           StatsGroup::kContent, "");
+  ASSERT_TRUE(transform.ok()) << transform.status();
+  s->SetTransform(std::move(*transform));
+  EXPECT_FALSE(s->CanView());
+  VectorViews views;
+  StreamBatch b;
+  auto fill = s->Next(VectorDest{nullptr, 0, &views}, &b, [] {});
+  EXPECT_EQ(fill.status().code(), absl::StatusCode::kInvalidArgument)
+      << fill.status();
 }
 
 TEST_F(ShuffledStreamTest, AClientAloneGetsTheSameOrderFromTheSameSeed) {
@@ -453,7 +570,8 @@ TEST_F(ShuffledStreamTest,
   EXPECT_EQ(reservoir_->overflow_taken(), 0) << "overflow not returned";
 }
 
-TEST_F(ShuffledStreamTest, NewStreamsTakeBackMemoryLentToAPausedClientAsTheyNeedIt) {
+TEST_F(ShuffledStreamTest,
+       NewStreamsTakeBackMemoryLentToAPausedClientAsTheyNeedIt) {
   EngineConfig c;
   c.window = 2;
   c.lag = 2;
@@ -569,8 +687,7 @@ TEST_F(ShuffledStreamTest, NodeGroupsReadDisjointBlocksAndTogetherCoverAll) {
             1.05 * NumBlocks(spec));
   StreamSpec bad = spec;
   bad.node_rank = 3;
-  EXPECT_EQ(Create(bad, 5).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create(bad, 5).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ShuffledStreamTest,

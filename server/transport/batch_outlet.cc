@@ -9,13 +9,18 @@ MessageOutlet::~MessageOutlet() {
   if (buffer_ != nullptr) BufferPool::Return(buffer_);
 }
 
-std::optional<VectorDest> MessageOutlet::Acquire(uint64_t bytes) {
+std::optional<VectorDest> MessageOutlet::Acquire(uint64_t bytes, bool views) {
+  // A source's CanView does not change between batches, so a batch under
+  // way (kPending) gets the same destination again.
+  viewing_ = views;
+  if (views) return VectorDest{nullptr, 0, &views_};
   if (buffer_ == nullptr) buffer_ = pool_->Get(static_cast<size_t>(bytes));
   return VectorDest{buffer_->data, buffer_->size};
 }
 
 grpc::ByteBuffer MessageOutlet::Reply(StreamBatch& batch, int64_t d_model,
                                       uint64_t vector_bytes) {
+  if (viewing_) return ViewsBatchReply(batch, d_model, &views_);
   grpc::ByteBuffer reply = BatchReply(batch, d_model, buffer_, vector_bytes);
   buffer_ = nullptr;  // the reply's slice owns it now
   return reply;
@@ -24,7 +29,7 @@ grpc::ByteBuffer MessageOutlet::Reply(StreamBatch& batch, int64_t d_model,
 SlotOutlet::SlotOutlet(std::shared_ptr<ShmRegion> region)
     : region_(std::move(region)), slots_(region_->slots(), Slot::kFree) {}
 
-std::optional<VectorDest> SlotOutlet::Acquire(uint64_t bytes) {
+std::optional<VectorDest> SlotOutlet::Acquire(uint64_t bytes, bool /*views*/) {
   MutexLock lock(&mu_);
   if (bytes > region_->slot_bytes()) return std::nullopt;  // Open checks it
   if (filling_ < 0) {

@@ -30,26 +30,31 @@ class BatchOutlet {
   /// Memory for the next batch's vectors, at least `bytes`: the same as
   /// last time until Reply has used it. Nothing while every piece is out
   /// (the client holds them all); the reactor is kicked when one returns.
-  virtual std::optional<VectorDest> Acquire(uint64_t bytes) = 0;
+  /// `views`: the source can hand out views (BatchSource::CanView); an
+  /// outlet that can send them gives a destination with `views` set.
+  virtual std::optional<VectorDest> Acquire(uint64_t bytes, bool views) = 0;
   /// The Batch message for `batch` (its columns are moved out), whose
   /// `vector_bytes` of vectors are in the memory Acquire gave.
   virtual grpc::ByteBuffer Reply(StreamBatch& batch, int64_t d_model,
                                  uint64_t vector_bytes) = 0;
 };
 
-/// The gRPC path: vectors travel in the message, as a slice of a pooled
-/// buffer returned to `pool` once sent.
+/// The gRPC path: vectors travel in the message, as slices of the engine's
+/// blocks when the source can give views (no copy on this side), else as a
+/// slice of a pooled buffer returned to `pool` once sent.
 class MessageOutlet final : public BatchOutlet {
  public:
   explicit MessageOutlet(BufferPool* pool) : pool_(pool) {}
   ~MessageOutlet() override;
-  std::optional<VectorDest> Acquire(uint64_t bytes) override;
+  std::optional<VectorDest> Acquire(uint64_t bytes, bool views) override;
   grpc::ByteBuffer Reply(StreamBatch& batch, int64_t d_model,
                          uint64_t vector_bytes) override;
 
  private:
   BufferPool* const pool_;
   PooledBuffer* buffer_ = nullptr;  // acquired, not yet in a reply
+  VectorViews views_;               // a batch being viewed
+  bool viewing_ = false;            // Acquire gave views_
 };
 
 /// The shared-memory path: vectors go into the slots of the client's region
@@ -60,7 +65,7 @@ class SlotOutlet final : public BatchOutlet {
  public:
   /// `region` is the stream's attachment (shm_service.h).
   explicit SlotOutlet(std::shared_ptr<ShmRegion> region);
-  std::optional<VectorDest> Acquire(uint64_t bytes) override
+  std::optional<VectorDest> Acquire(uint64_t bytes, bool views) override
       ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ByteBuffer Reply(StreamBatch& batch, int64_t d_model,
                          uint64_t vector_bytes) override

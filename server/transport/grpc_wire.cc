@@ -1,6 +1,9 @@
 #include "server/transport/grpc_wire.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <vector>
 
 #include "shardcast/v1/shardcast.pb.h"
 
@@ -8,21 +11,43 @@ namespace shardcast {
 namespace {
 
 // `header` (a message serialized without its last field) + that field's tag
-// and length, then `payload` as its own slice.
+// and the payload's length, as the first slice of `slices` (whose others are
+// the payload, in order).
 grpc::ByteBuffer WithPayloadField(std::string header, int field,
-                                  grpc::Slice payload) {
+                                  std::vector<grpc::Slice> slices) {
   constexpr int kLengthDelimited = 2;  // protobuf wire type of bytes fields
   uint64_t v = (static_cast<uint64_t>(field) << 3) | kLengthDelimited;
-  for (uint64_t n : {v, static_cast<uint64_t>(payload.size())}) {
+  uint64_t length = 0;
+  for (size_t i = 1; i < slices.size(); ++i) length += slices[i].size();
+  for (uint64_t n : {v, length}) {
     while (n >= 0x80) {
       header.push_back(static_cast<char>((n & 0x7F) | 0x80));
       n >>= 7;
     }
     header.push_back(static_cast<char>(n));
   }
-  grpc::Slice slices[2] = {grpc::Slice(header), std::move(payload)};
-  return grpc::ByteBuffer(slices, 2);
+  slices[0] = grpc::Slice(header);
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
+
+grpc::ByteBuffer WithPayloadField(std::string header, int field,
+                                  grpc::Slice payload) {
+  std::vector<grpc::Slice> slices(2);
+  slices[1] = std::move(payload);
+  return WithPayloadField(std::move(header), field, std::move(slices));
+}
+
+// Pins of view slices gRPC still holds (ViewSlicesOutstanding).
+std::atomic<int64_t> g_view_pins{0};
+
+// One pin of a VectorViews, owned by the slice made over its runs.
+struct ViewPin {
+  std::shared_ptr<const void> owner;
+  static void Destroy(void* pin) {
+    delete static_cast<ViewPin*>(pin);
+    g_view_pins.fetch_sub(1, std::memory_order_release);
+  }
+};
 
 // A Batch's fields but its vectors; the columns are moved out of `b`.
 void BatchHeader(StreamBatch& b, int64_t d_model, v1::Batch* header) {
@@ -57,6 +82,50 @@ grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
   return WithPayloadField(
       header.SerializeAsString(), v1::Batch::kVectorsFieldNumber,
       grpc::Slice(buffer->data, vector_bytes, &BufferPool::Return, buffer));
+}
+
+grpc::ByteBuffer ViewsBatchReply(StreamBatch& b, int64_t d_model,
+                                 VectorViews* views) {
+  v1::Batch header;
+  BatchHeader(b, d_model, &header);
+  // Per pin, one slice over the span of its runs that owns the pin; each run
+  // is a sub-slice sharing that slice's count, so the pin goes when gRPC
+  // has sent the last of them.
+  struct Span {
+    const char* begin = nullptr;
+    const char* end = nullptr;
+  };
+  std::vector<Span> spans(views->pins.size());
+  for (const VectorViews::Run& r : views->runs) {
+    Span& sp = spans[r.pin];
+    if (sp.begin == nullptr || r.data < sp.begin) sp.begin = r.data;
+    if (sp.end == nullptr || r.data + r.bytes > sp.end)
+      sp.end = r.data + r.bytes;
+  }
+  std::vector<grpc::Slice> owners;
+  owners.reserve(spans.size());
+  for (size_t p = 0; p < spans.size(); ++p) {
+    g_view_pins.fetch_add(1, std::memory_order_relaxed);
+    // gRPC only reads a slice it sends: the const_cast is for its type.
+    owners.emplace_back(const_cast<char*>(spans[p].begin),
+                        static_cast<size_t>(spans[p].end - spans[p].begin),
+                        &ViewPin::Destroy,
+                        new ViewPin{std::move(views->pins[p])});
+  }
+  std::vector<grpc::Slice> slices;
+  slices.reserve(views->runs.size() + 1);
+  slices.emplace_back();  // the header's
+  for (const VectorViews::Run& r : views->runs) {
+    const size_t at = static_cast<size_t>(r.data - spans[r.pin].begin);
+    slices.push_back(owners[r.pin].sub(at, at + r.bytes));
+  }
+  views->Clear();
+  return WithPayloadField(header.SerializeAsString(),
+                          v1::Batch::kVectorsFieldNumber, std::move(slices));
+}
+
+int64_t ViewSlicesOutstanding() {
+  return g_view_pins.load(std::memory_order_acquire);
 }
 
 grpc::ByteBuffer SlotBatchReply(StreamBatch& b, int64_t d_model,

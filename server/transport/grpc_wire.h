@@ -53,6 +53,16 @@ grpc::ByteBuffer VectorsReply(VectorsResult result);
 grpc::ByteBuffer BatchReply(StreamBatch& batch, int64_t d_model,
                             PooledBuffer* buffer, size_t vector_bytes);
 
+/// shardcast.v1.Batch whose vectors are `views` (emptied): one slice per
+/// run, straight from the engine's blocks, holding the run's pin until gRPC
+/// has sent it. No copy of the payload on this side of the socket.
+grpc::ByteBuffer ViewsBatchReply(StreamBatch& batch, int64_t d_model,
+                                 VectorViews* views);
+
+/// Pins of ViewsBatchReply slices that gRPC has not let go of yet: the
+/// engine that owns the blocks must outlive them (the daemon waits for 0).
+int64_t ViewSlicesOutstanding();
+
 /// shardcast.v1.Batch for the shared-memory path: `batch`'s columns (moved
 /// out), `d_model`, and the slot that holds its vectors (no payload).
 grpc::ByteBuffer SlotBatchReply(StreamBatch& batch, int64_t d_model,

@@ -343,7 +343,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       return;
     }
     const BatchShape& shape = source_->shape();
-    std::optional<VectorDest> dest = outlet_->Acquire(shape.batch_bytes());
+    std::optional<VectorDest> dest =
+        outlet_->Acquire(shape.batch_bytes(), source_->CanView());
     absl::StatusOr<BatchSource::Fill> fill =
         dest.has_value()
             ? source_->Next(*dest, &batch_, [this] { Kick(/*cancel=*/false); })
