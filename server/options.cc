@@ -106,6 +106,10 @@ const std::vector<DaemonOption>& Table() {
       {"shuffle-window", "shuffle_window", "N",
        "blocks a shuffled stream draws its vectors from", OptionKind::kInteger,
        &O::shuffle_window, 1, kNoMax},
+      {"gather-threads", "gather_threads", "N",
+       "threads that help streams copy large batches beside their own "
+       "(-1, the default: one fewer than the cores, at most 3; 0: none)",
+       OptionKind::kInteger, &O::gather_threads, -1, 64},
       {"node-rank", "node_rank", "R",
        "this node's group among --node-count: shuffled streams read blocks "
        "b with b mod node-count == R only, ordered streams the R-th "
@@ -331,6 +335,7 @@ EngineOptions DaemonOptions::Engine() const {
   e.reads.queue_depth = static_cast<unsigned>(queue_depth);
   e.reads.read_bytes = read_bytes;
   e.scans.window_blocks = shuffle_window;
+  e.gather_helpers = static_cast<int>(gather_threads);
   e.scans.lag_blocks = lag_blocks;
   e.scans.read_mode = *ParseScanReadMode(read_mode);  // checked by the table
   e.scans.register_buffers = register_buffers;

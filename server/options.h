@@ -69,6 +69,9 @@ struct DaemonOptions {
   uint64_t reservoir_bytes = 2ull << 30;
   uint64_t block_bytes = 4ull << 20;  // one block = one reservoir slot
   int64_t shuffle_window = 16;        // blocks a stream draws from
+  /// Threads helping streams copy their batches; -1: one fewer than the
+  /// cores, at most 3 (server/engine/gather_pool.h).
+  int64_t gather_threads = -1;
   int64_t lag_blocks = 32;         // blocks a stream may fall behind its scan
   int64_t queue_depth = 32;        // io_uring reads in flight
   uint64_t read_bytes = 1u << 20;  // largest single read

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
   scans.reservoir = e->options_.reservoir;
   scans.reads = e->options_.reads;
   scans.scans = e->options_.scans;
+  scans.gather_helpers = e->options_.gather_helpers;
   ASSIGN_OR_RETURN(e->scans_, ScanRegistry::Start(scans));
   const Reservoir& r = *e->scans_->reservoir();
   const ReadEngine& reads = *e->scans_->engine();
@@ -71,7 +72,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
       s.read_mode == ScanReadMode::kAuto     ? ", read mode auto"
       : s.read_mode == ScanReadMode::kDirect ? ", read mode direct"
                                              : ", read mode buffered",
-      reads.buffers_registered() ? ", registered buffers" : "");
+      reads.buffers_registered() ? ", registered buffers" : "", "; ",
+      e->scans_->gather().helpers(),
+      " gather helper thread(s) for large batches");
   return e;
 }
 
@@ -123,10 +126,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
         o.spec.tokens == TokenSelection::kContent   ? StatsGroup::kContent
         : o.spec.tokens == TokenSelection::kSpecial ? StatsGroup::kSpecial
                                                     : StatsGroup::kAll;
-    ASSIGN_OR_RETURN(transform,
-                     VectorTransform::Create(o.spec.transform, d,
-                                             stats.stats.get(), group,
-                                             stats.origin));
+    ASSIGN_OR_RETURN(transform, VectorTransform::Create(o.spec.transform, d,
+                                                        stats.stats.get(),
+                                                        group, stats.origin));
   }
   const std::string id = reader->info().dir_name;
   std::unique_ptr<BatchSource> source;
@@ -161,19 +163,22 @@ absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(
   if (read.status().code() != absl::StatusCode::kNotFound) return read.status();
   LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
           "; computing its statistics for scale_norm/center now (a full "
-          "read of ", info.desc.n_examples * info.desc.example_bytes() >> 20,
+          "read of ",
+          info.desc.n_examples * info.desc.example_bytes() >> 20,
           " MiB; `shardcast stats ", info.dir, "` stores them)");
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<DatasetStats> computed = ComputeDatasetStats(reader);
   if (!computed.ok()) {
-    LogWarning("dataset ", info.dir_name, ": statistics could not be computed: ",
-               computed.status().message());
+    LogWarning(
+        "dataset ", info.dir_name,
+        ": statistics could not be computed: ", computed.status().message());
     return computed.status();
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  LogInfo("dataset ", info.dir_name, ": statistics computed in ", seconds, " s");
+  LogInfo("dataset ", info.dir_name, ": statistics computed in ", seconds,
+          " s");
   entry.origin = "statistics computed on first use";
   entry.stats = std::make_shared<const DatasetStats>(std::move(*computed));
   return entry;

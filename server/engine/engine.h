@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/engine/batch_source.h"
 #include "common/mutex.h"
 #include "common/stats.h"
+#include "server/engine/batch_source.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
 #include "server/engine/engine_status.h"
@@ -38,6 +38,8 @@ struct EngineOptions {
   ReservoirOptions reservoir;
   ReadEngineOptions reads;
   ScanOptions scans;
+  /// Threads helping streams copy batches (ScanRegistry::Options).
+  int gather_helpers = -1;
   /// Authenticates resume tokens (TokenSealer); empty: a random key, so
   /// tokens are good until the process ends.
   std::string token_key;

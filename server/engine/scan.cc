@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -760,6 +761,10 @@ absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
                    ReadEngine::Start(options.reads, r->reservoir_.get()));
   ReadEngine* engine = r->engine_.get();
   r->reservoir_->SetReleaseListener([engine] { engine->Wake(); });
+  r->gather_ = std::make_unique<GatherPool>(
+      options.gather_helpers >= 0
+          ? options.gather_helpers
+          : GatherPool::DefaultHelpers(std::thread::hardware_concurrency()));
   return r;
 }
 
@@ -806,10 +811,11 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     }
     const bool aligned = rows_aligned && layout.vector_bytes % 4096 == 0 &&
                          reservoir_->slot_bytes() % 4096 == 0;
-    const std::string unaligned = absl::StrCat(
-        "vectors of ", layout.vector_bytes, " bytes, blocks of ",
-        reservoir_->slot_bytes(), " bytes or the files' first rows are not "
-        "at 4 KiB multiples");
+    const std::string unaligned =
+        absl::StrCat("vectors of ", layout.vector_bytes, " bytes, blocks of ",
+                     reservoir_->slot_bytes(),
+                     " bytes or the files' first rows are not "
+                     "at 4 KiB multiples");
     enum class How { kBuffered, kDirect, kMapped };
     How how = How::kBuffered;
     std::string why;
@@ -849,7 +855,8 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     auto open_shards =
         [&r, sparse](bool o_direct) -> absl::StatusOr<std::vector<UniqueFd>> {
       std::vector<UniqueFd> fds;
-      for (int64_t s = 0; s < static_cast<int64_t>(r.desc().shards.size()); ++s) {
+      for (int64_t s = 0; s < static_cast<int64_t>(r.desc().shards.size());
+           ++s) {
         if (r.shard_fd(s) < 0) {
           fds.emplace_back();
           continue;

@@ -26,8 +26,8 @@
 // block, not per queue: a block held beyond their lag bounds by several
 // subscribers (trainers lagging together) occupies one slot and costs one
 // unit. What was lent beyond the reservations is taken back, newest blocks
-// first, when a read finds no free slot (ScanRegistry). A subscriber whose queue
-// is full and can get no overflow while another one is starving (blocked,
+// first, when a read finds no free slot (ScanRegistry). A subscriber whose
+// queue is full and can get no overflow while another one is starving (blocked,
 // waiting for a block not read yet) is skipped for that block and gets it on
 // a later cycle; otherwise the scan waits for it. So clients that keep up
 // with each other (within the lag bound plus spare memory) never cost a
@@ -65,6 +65,7 @@
 #include "common/mutex.h"
 #include "common/reader.h"
 #include "server/engine/engine_status.h"
+#include "server/engine/gather_pool.h"
 #include "server/engine/index_set.h"
 #include "server/engine/read_engine.h"
 #include "server/engine/reservoir.h"
@@ -192,6 +193,9 @@ struct ScanOptions {
   /// A new scan waits this long before its first read, so that clients
   /// launched together all join before any block is consumed.
   std::chrono::milliseconds start_delay{0};
+  /// A stream copies a batch in parts of at least this many bytes, on its
+  /// thread and the registry's gather helpers (gather_pool.h).
+  uint64_t gather_part_bytes = 4 << 20;
 };
 
 /// What a subscriber asks of its scan.
@@ -200,8 +204,8 @@ struct SubscriberSpec {
   std::string client;  // the transport's id of the stream ("s7")
   int64_t rank = 0, world_size = 1;
   int64_t node_rank = 0, node_count = 1;  // StreamSpec's node group
-  int64_t epoch = 0;   // first epoch fed
-  int64_t epochs = 0;  // 0 = endless
+  int64_t epoch = 0;                      // first epoch fed
+  int64_t epochs = 0;                     // 0 = endless
   /// Blocks still needed in `epoch` (a resume token's); empty = all.
   std::optional<IndexSet> needed;
 };
@@ -289,7 +293,7 @@ class SharedScan final : public BlockSource,
     uint64_t read_id;
     int64_t block;
     int64_t epoch;
-    BlockRef data;  // set when read
+    BlockRef data;      // set when read
     bool over = false;  // held beyond the lag bound (charged as overflow)
   };
   struct Subscriber {
@@ -392,6 +396,9 @@ class ScanRegistry {
     ReservoirOptions reservoir;
     ReadEngineOptions reads;
     ScanOptions scans;
+    /// Threads helping streams copy their batches (gather_pool.h); -1:
+    /// GatherPool::DefaultHelpers of this machine's cores.
+    int gather_helpers = -1;
   };
   /// Makes the reservoir and starts the read engine the scans share (woken
   /// whenever a slot is released). Errors of Reservoir::Create and
@@ -409,6 +416,9 @@ class ScanRegistry {
     ~Subscription();
     SharedScan* scan() const { return scan_.get(); }
     uint64_t id() const { return id_; }
+    /// The registry's helpers for copying batches, and its options.
+    GatherPool* gather() const { return registry_->gather_.get(); }
+    const ScanOptions& options() const { return registry_->options_; }
 
    private:
     friend class ScanRegistry;
@@ -441,6 +451,7 @@ class ScanRegistry {
   const ScanOptions& options() const { return options_; }
   Reservoir* reservoir() const { return reservoir_.get(); }
   ReadEngine* engine() const { return engine_.get(); }
+  const GatherPool& gather() const { return *gather_; }
   std::vector<ScanStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -448,14 +459,14 @@ class ScanRegistry {
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
   /// Takes back up to `limit` units of overflow lent beyond the
   /// reservations.
-  void ReclaimOverflow(int64_t limit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReclaimOverflow(int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// A scan's read found no free slot while overflow was lent elastically.
   void ReclaimUnderPressure() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The engine stops before the reservoir its reads land in goes away.
   std::unique_ptr<Reservoir> reservoir_;
   std::unique_ptr<ReadEngine> engine_;
+  std::unique_ptr<GatherPool> gather_;
   const ScanOptions options_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<SharedScan>> scans_

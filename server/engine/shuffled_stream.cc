@@ -288,17 +288,34 @@ absl::Status ShuffledStream::Copy() {
   // keeps the memory busy (about twice the speed of plain copies here).
   constexpr size_t kAhead = 2;
   const size_t vb = static_cast<size_t>(layout_.vector_bytes);
-  for (size_t k = 0; k < copies_.size(); ++k) {
-    if (k + kAhead < copies_.size()) {
-      const char* next = copies_[k + kAhead].src;
-      for (size_t o = 0; o < vb; o += 64) __builtin_prefetch(next + o);
+  auto copy = [this, vb](size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) {
+      if (k + kAhead < end) {
+        const char* next = copies_[k + kAhead].src;
+        for (size_t o = 0; o < vb; o += 64) __builtin_prefetch(next + o);
+      }
+      if (transform_.identity()) {
+        std::memcpy(copies_[k].dst, copies_[k].src, vb);
+      } else {
+        transform_.Apply(copies_[k].dst, copies_[k].src, shape_.d_model,
+                         copies_[k].layer_index);
+      }
     }
-    if (transform_.identity()) {
-      std::memcpy(copies_[k].dst, copies_[k].src, vb);
-    } else {
-      transform_.Apply(copies_[k].dst, copies_[k].src, shape_.d_model,
-                       copies_[k].layer_index);
-    }
+  };
+  // A batch of at least two parts' worth is copied in parts, on this
+  // thread and the registry's helpers (gather_pool.h).
+  const size_t part_bytes = std::max<size_t>(
+      1, static_cast<size_t>(sub_->options().gather_part_bytes));
+  GatherPool* pool = sub_->gather();
+  const size_t n = copies_.size();
+  const size_t parts = std::min<size_t>(
+      static_cast<size_t>(pool->helpers()) + 1, n * vb / part_bytes);
+  if (parts >= 2) {
+    pool->Run(parts, [&copy, n, parts](size_t p) {
+      copy(n * p / parts, n * (p + 1) / parts);
+    });
+  } else {
+    copy(0, n);
   }
   const bool copied = !copies_.empty() || viewed_;
   copies_.clear();

@@ -46,6 +46,10 @@ struct EngineConfig {
   ScanReadMode mode = ScanReadMode::kAuto;
   bool register_buffers = false;
   int64_t start_delay_ms = 0;  // tests subscribe everyone before reading
+  // Small, so that the tests' small batches are copied in parts, on the
+  // test's thread and the gather helpers.
+  uint64_t gather_part_bytes = 16;
+  int gather_helpers = 2;
 };
 
 // What a client saw.
@@ -94,6 +98,8 @@ class ShuffledStreamTest : public ::testing::Test {
     o.scans.read_mode = c.mode;
     o.scans.register_buffers = c.register_buffers;
     o.scans.start_delay = std::chrono::milliseconds(c.start_delay_ms);
+    o.scans.gather_part_bytes = c.gather_part_bytes;
+    o.gather_helpers = c.gather_helpers;
     auto registry = ScanRegistry::Start(o);
     ASSERT_TRUE(registry.ok()) << registry.status();
     registry_ = std::move(*registry);
