@@ -137,7 +137,6 @@ TEST_F(FileTest, OpenRegularFileRefusesWhatIsNotAFileWithoutBlocking) {
   EXPECT_FALSE(ReadFileToString(fifo).ok());
 }
 
-}  // namespace
 TEST(CountOpenDescriptors, FollowsOpenAndClose) {
   const int64_t before = CountOpenDescriptors();
   ASSERT_GE(before, 3) << "stdin, stdout and stderr at least";
@@ -151,4 +150,5 @@ TEST(CountOpenDescriptors, FollowsOpenAndClose) {
   EXPECT_EQ(CountOpenDescriptors(), before);
 }
 
+}  // namespace
 }  // namespace shardcast

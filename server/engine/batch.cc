@@ -28,7 +28,6 @@ uint32_t VectorViews::PinOf(const void* owner) {
 }
 
 void VectorViews::AddRun(const char* data, size_t bytes, uint32_t pin) {
-  total_ += bytes;
   if (!runs.empty()) {
     Run& last = runs.back();
     if (last.pin == pin && last.data + last.bytes == data) {
@@ -39,11 +38,16 @@ void VectorViews::AddRun(const char* data, size_t bytes, uint32_t pin) {
   runs.push_back({data, bytes, pin});
 }
 
+size_t VectorViews::total_bytes() const {
+  size_t total = 0;
+  for (const Run& r : runs) total += r.bytes;
+  return total;
+}
+
 void VectorViews::Clear() {
   runs.clear();
   pins.clear();
   pin_of_.clear();
-  total_ = 0;
 }
 
 absl::Status CheckVectorDest(VectorDest dest, int64_t batch_size,

@@ -37,8 +37,8 @@ struct VectorViews {
     if (pin == pins.size()) pins.push_back(owner);
     AddRun(data, bytes, pin);
   }
-  size_t total_bytes() const { return total_; }
-  bool empty() const { return runs.empty(); }
+  /// The bytes of all runs.
+  size_t total_bytes() const;
   void Clear();
 
  private:
@@ -47,7 +47,6 @@ struct VectorViews {
   void AddRun(const char* data, size_t bytes, uint32_t pin);
 
   std::unordered_map<const void*, uint32_t> pin_of_;
-  size_t total_ = 0;
 };
 
 /// Where a batch's vectors go: memory the transport owns (a gRPC payload

@@ -219,9 +219,10 @@ class ShuffledStreamTest : public ::testing::Test {
   }
 
   // Slots still in use once reads that were in flight when the last client
-  // left have completed (they hold their slot until then), within 10 s.
-  int64_t SlotsInUseWhenSettled() const {
-    for (int i = 0; i < 1000 && reservoir_->slots_in_use() > 0; ++i) {
+  // left have completed (they hold their slot until then): waits up to 10 s
+  // for at most `at_most` (blocks something else still holds).
+  int64_t SlotsInUseWhenSettled(int64_t at_most = 0) const {
+    for (int i = 0; i < 1000 && reservoir_->slots_in_use() > at_most; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return reservoir_->slots_in_use();
@@ -331,12 +332,8 @@ TEST_F(ShuffledStreamTest, AViewPinsItsBlocksUntilLetGo) {
     bytes.emplace_back(r.data, r.bytes);
   first.reset();  // the stream is gone; the views are not
   // Reads in flight when it left release their slots as they complete.
-  for (int i = 0; i < 1000 && static_cast<size_t>(reservoir_->slots_in_use()) >
-                                  held.pins.size();
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(static_cast<size_t>(reservoir_->slots_in_use()), held.pins.size());
+  EXPECT_EQ(SlotsInUseWhenSettled(static_cast<int64_t>(held.pins.size())),
+            static_cast<int64_t>(held.pins.size()));
   // Other streams read the whole selection through the remaining slots.
   for (uint64_t seed : {5, 6}) {
     auto other = Open(spec, seed);
