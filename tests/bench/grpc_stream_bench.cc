@@ -7,8 +7,12 @@
 // (server/grpc_services.cc StreamReactor): a grpc::CallbackGenericService
 // whose reactor reads the request, then writes `--messages` messages of
 // `--message-bytes`, one write in flight, the next started from OnWriteDone.
-// Every message is the same pre-filled buffer handed to gRPC as a static
-// grpc::Slice, so nothing is copied per message on our side. Message size
+// Every message is a pre-filled buffer handed to gRPC as a static
+// grpc::Slice, so nothing is copied per message on our side: by default the
+// same buffer each time (it stays in the CPU's caches), with
+// --source-bytes N the next message-sized window of an N-byte source in
+// turn (a source larger than the caches comes from memory, as the daemon's
+// page cache and reservoir do). Message size
 // limits are the daemon's and the client library's (80 MiB).
 //
 // Clients (threads, or processes with --fork; each with its own connection)
@@ -79,6 +83,9 @@ const std::vector<OptionSpec> kSpecs = {
     {"message-bytes", "N",
      "payload bytes per message (default 16777216; K/M suffixes)"},
     {"messages", "N", "messages per client (default 400)"},
+    {"source-bytes", "N",
+     "send windows of an N-byte source in turn instead of one buffer again "
+     "and again (default: the message size; K/M/G suffixes)"},
     {"clients", "N", "concurrent clients, one connection each (default 1)"},
     {"fork", nullptr, "run each client in its own process"},
     {"parse-protobuf", nullptr,
@@ -104,12 +111,18 @@ double Seconds(Clock::time_point t) {
 
 // The bytes every message is made of, filled once and never copied by us.
 struct Payload {
-  std::vector<char> data;
+  std::vector<char> data;  // windows of message_bytes (one by default)
+  size_t message_bytes = 0;
   std::string header;  // --parse-protobuf: tag and length of `vectors`
   int64_t messages = 0;
 
-  grpc::ByteBuffer Message() const {
-    grpc::Slice body(data.data(), data.size(), grpc::Slice::STATIC_SLICE);
+  // Message `i` of a call: window i mod windows of `data`.
+  grpc::ByteBuffer Message(int64_t i) const {
+    const size_t windows =
+        message_bytes == 0 ? 1 : data.size() / message_bytes;
+    grpc::Slice body(
+        data.data() + static_cast<size_t>(i) % windows * message_bytes,
+        message_bytes, grpc::Slice::STATIC_SLICE);
     if (header.empty()) return grpc::ByteBuffer(&body, 1);
     grpc::Slice slices[2] = {
         grpc::Slice(header.data(), header.size(), grpc::Slice::STATIC_SLICE),
@@ -146,8 +159,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status::OK);
       return;
     }
+    reply_ = payload_->Message(sent_);
     ++sent_;
-    reply_ = payload_->Message();
     StartWrite(&reply_);
   }
 
@@ -168,7 +181,7 @@ class UnaryReactor final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request"));
       return;
     }
-    reply_ = payload_->Message();
+    reply_ = payload_->Message(0);
     StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
   }
   void OnDone() override { delete this; }
@@ -515,8 +528,10 @@ int Main(int argc, char** argv) {
       args->GetBytes("message-bytes", 16u << 20);
   absl::StatusOr<int64_t> messages = args->GetInt("messages", 400);
   absl::StatusOr<int64_t> clients = args->GetInt("clients", 1);
-  for (const absl::Status& s :
-       {message_bytes.status(), messages.status(), clients.status()}) {
+  absl::StatusOr<uint64_t> source_bytes =
+      args->GetBytes("source-bytes", message_bytes.ok() ? *message_bytes : 0);
+  for (const absl::Status& s : {message_bytes.status(), messages.status(),
+                                clients.status(), source_bytes.status()}) {
     if (!s.ok()) return Usage(std::string(s.message()));
   }
   // Room for the Batch field header under the 80 MiB message limit.
@@ -525,6 +540,9 @@ int Main(int argc, char** argv) {
                               kMaxMessageBytes - 16, "]"));
   }
   if (*messages < 1) return Usage("--messages must be >= 1");
+  if (*source_bytes > (64ull << 30)) {
+    return Usage("--source-bytes must be at most 64G");
+  }
   if (*clients < 1 || *clients > 256) {
     return Usage("--clients must be in [1, 256]");
   }
@@ -541,6 +559,7 @@ int Main(int argc, char** argv) {
     }
     Payload payload;
     payload.data.assign(*reply_bytes, 'r');
+    payload.message_bytes = *reply_bytes;
     BenchService service(&payload);
     absl::StatusOr<std::unique_ptr<grpc::Server>> server =
         StartServer(socket, &service);
@@ -603,7 +622,10 @@ int Main(int argc, char** argv) {
 
   Payload payload;
   payload.messages = *messages;
-  payload.data.resize(*message_bytes);
+  payload.message_bytes = *message_bytes;
+  // Whole windows only, at least one.
+  payload.data.resize(std::max<uint64_t>(1, *source_bytes / *message_bytes) *
+                      *message_bytes);
   for (size_t i = 0; i < payload.data.size(); ++i) {
     payload.data[i] = static_cast<char>(i * 131 + 7);
   }
@@ -619,10 +641,9 @@ int Main(int argc, char** argv) {
       payload.header.push_back(static_cast<char>((v & 0x7f) | 0x80));
     }
     v1::Batch check;
-    check.set_vectors(std::string(payload.data.begin(), payload.data.end()));
-    if (check.SerializeAsString() !=
-        payload.header +
-            std::string(payload.data.begin(), payload.data.end())) {
+    const std::string first(payload.data.data(), *message_bytes);
+    check.set_vectors(first);
+    if (check.SerializeAsString() != payload.header + first) {
       std::cerr << "grpc_stream_bench: the hand-made Batch header does not "
                    "match protobuf's serialization\n";
       return 1;
@@ -654,6 +675,7 @@ int Main(int argc, char** argv) {
 
   nlohmann::ordered_json out;
   out["message_bytes"] = *message_bytes;
+  out["source_bytes"] = payload.data.size();
   out["messages"] = *messages;
   out["mode"] = parse_protobuf ? "protobuf" : "raw";
   out["processes"] = fork;
