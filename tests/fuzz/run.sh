@@ -36,10 +36,11 @@ fi
 
 echo "== fuzz build ($build/: clang, address,undefined, libFuzzer)"
 start=$(date +%s)
-# -O1 -g without NDEBUG: asserts stay on; _GLIBCXX_ASSERTIONS checks
-# std::string/vector indexing; every UBSan finding aborts.
+# -O1 -g1 without NDEBUG: asserts stay on; _GLIBCXX_ASSERTIONS checks
+# std::string/vector indexing; every UBSan finding aborts; line tables are
+# enough for the reports' file:line.
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
+  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
   "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS" \
   -DSHARDCAST_SANITIZE=address,undefined -DSHARDCAST_FUZZ=ON >/dev/null
 build_targets=(make_stream_seeds)
