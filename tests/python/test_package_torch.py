@@ -17,6 +17,7 @@ import gc
 from pathlib import Path
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -191,6 +192,116 @@ def test_state_dict_resumes_the_epoch_exactly(start_daemon, datasets, order):
     assert_exact_epoch(before + after, want)
     if order == "ordered":
         assert before + after == want
+
+
+# ---------------------------------------------------------------------------
+# To the GPU without a GPU: copies that finish late, as DMAs queued behind a
+# training step do. A slot that went back to the daemon before its copy was
+# done may hold a later batch when the copy reads it: the epoch would then
+# have duplicated and missing vectors.
+
+class LateCopier:
+    """Stands in for shardcast.torch._DeviceCopier: copy() hands out an
+    empty tensor and remembers the slot's view; wait() fills the tensor, as
+    the DMA finishing would, after a pause long enough for the daemon to
+    fill a slot that was given back too early."""
+
+    def __init__(self, device):
+        self.pending = None
+        self.copies = 0
+
+    def copy(self, host):
+        out = torch.empty_like(host)
+        self.pending = (out, host)
+        self.copies += 1
+        return out
+
+    def wait(self):
+        if self.pending is not None:
+            time.sleep(0.01)
+            out, host = self.pending
+            out.copy_(host)
+            self.pending = None
+
+
+def checked_late(r, loader, layer, use):
+    """Rows of every item, each checked after the next item was drawn (when
+    the copy of a real GPU may only then be done), the last one after the
+    loop. `use(item)` is what the training loop does with the vectors."""
+    rows, held = [], None
+    for i, item in enumerate(loader):
+        x = use(item)
+        if held is not None:
+            rows.extend(held[0]())
+        held = (lambda item=item, x=x, i=i:
+                item_rows(r, dict(item, vectors=x), layer, f"item {i}"),)
+    rows.extend(held[0]())
+    return rows
+
+
+def test_device_copies_finish_before_their_slot_goes_back(start_daemon, datasets,
+                                                          monkeypatch):
+    """ShardcastDataset(device=...) gives a slot back only after its copy to
+    the device has finished: with copies that finish late and two slots, one
+    exact epoch with numpy's values."""
+    import shardcast.torch as sctorch
+    copiers = []
+    monkeypatch.setattr(sctorch, "_DeviceCopier",
+                        lambda device: copiers.append(LateCopier(device)) or copiers[-1])
+    monkeypatch.setattr(sctorch, "_register", lambda buffer: None)
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    data = ShardcastDataset(r.id, address=d.address, layer=6, batch_size=50, seed=2,
+                            slots=2, device="cuda")
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
+    rows = checked_late(r, loader, 6, lambda item: item["vectors"])
+    assert_exact_epoch(rows, r.selection(6))
+    assert len(copiers) == 1 and copiers[0].copies == len(rows) // 50 + (len(rows) % 50 > 0)
+
+
+def test_pin_memory_waits_for_queued_copies_before_the_slot_goes_back(
+        start_daemon, datasets, monkeypatch):
+    """pin_memory=True hands out the slot's view for the trainer's own
+    .cuda(non_blocking=True); before the slot goes back the adapter waits
+    for the GPU (torch.cuda.synchronize), which finishes those copies."""
+    import shardcast.torch as sctorch
+    pending = []
+
+    def late_cuda(self, non_blocking=False):
+        out = torch.empty_like(self)
+        pending.append((out, self))
+        return out
+
+    def synchronize(device=None):
+        time.sleep(0.01)
+        while pending:
+            out, host = pending.pop()
+            out.copy_(host)
+
+    monkeypatch.setattr(torch.Tensor, "cuda", late_cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(sctorch, "_register", lambda buffer: None)
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    data = ShardcastDataset(r.id, address=d.address, layer=12, batch_size=40, seed=4,
+                            slots=2, pin_memory=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
+    rows = checked_late(r, loader, 12,
+                        lambda item: item["vectors"].cuda(non_blocking=True))
+    assert_exact_epoch(rows, r.selection(12))
+    assert not pending
+
+
+def test_device_in_dataloader_workers_is_refused_clearly(start_daemon, datasets):
+    """device= copies from the training process's own mapping of the slots:
+    in a DataLoader worker it is an error that says to use num_workers=0."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    data = ShardcastDataset(r.id, address=d.address, layer=6, batch_size=50, device="cuda")
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=1,
+                                         multiprocessing_context="spawn", timeout=60)
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        next(iter(loader))
 
 
 FORKED_WORKERS = r"""

@@ -10,9 +10,18 @@ Each item is a whole batch: a dict of tensors made without copies from the
 stream's numpy views ("vectors" float32 [B, D], "example_idx" int64,
 "token_idx" int32, and "layer" / "labels" when the stream has them). On the
 shared-memory path "vectors" views the daemon's slot and stays valid until
-the next batch is drawn (pass copy=True to keep batches longer). With
-pin_memory=True the slots are registered with CUDA (cudaHostRegister), so the
-copy to the GPU is a DMA from the slot, with no copy on the CPU.
+the next batch is drawn (pass copy=True to keep batches longer).
+
+To the GPU: device="cuda" yields "vectors" already on the device. The slots
+are registered with CUDA (cudaHostRegister), each batch goes from its slot
+to the GPU by DMA on a side stream (no CPU copy) while the previous step
+runs, the current stream waits for the copy, and the slot goes back to the
+daemon only once the copy has finished reading it.
+pin_memory=True instead yields the slot's view in registered memory, for
+your own .cuda(non_blocking=True): that copy runs when the GPU gets to it,
+so before the slot goes back (when you ask for the next batch) the adapter
+waits for the GPU's queued work (torch.cuda.synchronize()). device= does
+not wait for the training step, only for the copy.
 
 Partitions: rank and world size come from torch.distributed when it is
 initialised (or are given), and DataLoader workers split a rank's partition
@@ -29,6 +38,37 @@ import torch
 import torch.utils.data
 
 from shardcast._client import Client
+
+
+class _DeviceCopier:
+    """Copies batches from slot views to a CUDA device on a side stream.
+
+    copy() returns the device tensor at once (the DMA is queued); wait()
+    returns when the last copy has finished reading its slot, after which
+    the slot may be given back.
+    """
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device)
+        self.event = None
+
+    def copy(self, host):
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            out = host.to(self.device, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(self.stream)
+        current.wait_stream(self.stream)
+        # Freed tensors go back to the caching allocator per stream: tell it
+        # the current stream uses this one too.
+        out.record_stream(current)
+        return out
+
+    def wait(self):
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
 
 
 def _register(buffer):
@@ -54,8 +94,8 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
     def __init__(self, dataset, *, address=None, layer=None, tokens="content",
                  order="shuffled", batch_size=4096, seed=0, epochs=1,
                  drop_last=False, exclude_labels=(), rank=None, world_size=None,
-                 pin_memory=False, copy=False, shared_memory=True, slots=4,
-                 dtype="float32", scale_norm=False, center=False):
+                 pin_memory=False, device=None, copy=False, shared_memory=True,
+                 slots=4, dtype="float32", scale_norm=False, center=False):
         super().__init__()
         self.dataset = dataset
         self.address = address
@@ -66,6 +106,7 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
                            center=center)
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
+        self.device = device
         self.shared_memory = shared_memory
         self.slots = slots
         self._resume_token = b""
@@ -98,20 +139,37 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
         # the slot may hold a later batch: workers take owned copies.
         kwargs = dict(self.kwargs)
         if torch.utils.data.get_worker_info() is not None:
+            if self.device is not None:
+                raise RuntimeError(
+                    f"ShardcastDataset(device={self.device!r}) runs in the process that "
+                    "trains: use DataLoader(num_workers=0) (the daemon does the loading; "
+                    "CUDA does not work in DataLoader workers)")
             kwargs["copy"] = True
         stream = client.stream(self.dataset, rank=rank, world_size=world,
                                resume_token=self._resume_token, **kwargs)
         self._resume_token = b""
         registered = None
+        copier = _DeviceCopier(self.device) if self.device is not None else None
+        # After a batch is used: what must happen before its slot goes back
+        # (it goes back when the stream is asked for the next batch).
+        if copier is not None:
+            settle = copier.wait
+        elif self.pin_memory and stream.shared_memory and not kwargs["copy"]:
+            settle = torch.cuda.synchronize
+        else:
+            settle = None
         try:
             for b in stream:
-                if self.pin_memory and stream.shared_memory and registered is None:
+                if ((self.pin_memory or copier is not None) and stream.shared_memory
+                        and registered is None):
                     registered = _register(stream._region.buffer)
                 if b.dtype == "bfloat16":  # numpy has no bfloat16: its bits
                     vectors = torch.from_numpy(b.vectors.view("<i2")).view(torch.bfloat16)
                 else:
                     vectors = torch.from_numpy(b.vectors)
-                if self.pin_memory and not stream.shared_memory:
+                if copier is not None:
+                    vectors = copier.copy(vectors)
+                elif self.pin_memory and not stream.shared_memory:
                     vectors = vectors.pin_memory()
                 item = {"vectors": vectors,
                         "example_idx": torch.from_numpy(b.example_idx.copy()),
@@ -122,7 +180,12 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
                     item["labels"] = torch.from_numpy(b.labels.copy())
                 self._last_token = b.resume_token
                 yield item
+                if settle is not None:
+                    settle()
         finally:
+            # The region is unmapped by close(): no copy may still read it.
+            if settle is not None:
+                settle()
             stream.close()
             if registered is not None:
                 torch.cuda.cudart().cudaHostUnregister(registered)
