@@ -36,7 +36,8 @@
 # for subscribers and the first window's reads are a sixth of what is
 # measured, and 8 trainers started on 2 cores do not overlap), TRAINERS ("1 4 8"), REPEAT (3),
 # STEPS ("cold warm query"; a subset re-runs those steps and reports with the
-# other steps' results of the last run). Needs fio and vmtouch
+# other steps' results of the last run), PY (/usr/bin/python3, else the
+# python3 on PATH; the report needs only the standard library). Needs fio and vmtouch
 # (bash deploy/install-deps.sh) and the bench binaries (query_bench,
 # grpc_stream_bench; built with the project).
 set -euo pipefail
@@ -55,7 +56,8 @@ STEPS=${STEPS:-cold warm query}
 SC=$BUILD_DIR/shardcast
 SCD=$BUILD_DIR/shardcastd
 BARE=$BUILD_DIR/grpc_stream_bench
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}
+[[ -x $PY ]] || PY=$(command -v python3)
 die() { echo "run_matrix: $*" >&2; exit 1; }
 for tool in fio vmtouch; do
   command -v $tool >/dev/null || die "needs $tool: bash deploy/install-deps.sh"

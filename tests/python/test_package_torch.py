@@ -304,6 +304,27 @@ def test_device_in_dataloader_workers_is_refused_clearly(start_daemon, datasets)
         next(iter(loader))
 
 
+def test_the_gpu_benchmarks_package_mode_trains_on_the_cpu(start_daemon, datasets, tmp_path):
+    """tests/bench/gpu/sae_feed.py's `package` mode (what the GPU machine
+    measures for issue 9) runs with this package: a few SAE steps on the
+    CPU, fed by ShardcastDataset, and a JSON line without errors."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    repo = Path(__file__).resolve().parent.parent.parent
+    out = tmp_path / "feed.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tests/bench/gpu/sae_feed.py"), "package", "--device", "cpu",
+         "--server", d.address, "--dataset", r.id, "--package", str(repo / "client/python"),
+         "--layer", "12", "--d-model", str(r.D), "--batch", "32", "--width", "16",
+         "--warmup-steps", "2", "--max-s", "0.5", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV, timeout=120)
+    err = proc.stderr.decode(errors="replace")[-3000:]
+    assert proc.returncode == 0, err
+    import json
+    res = json.loads(out.read_text().splitlines()[-1])
+    assert res["error"] == [] and res["steps"] > 0 and res["vec_s"] > 0, res
+
+
 FORKED_WORKERS = r"""
 import sys
 import torch.utils.data
