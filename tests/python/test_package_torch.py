@@ -292,6 +292,12 @@ def test_pin_memory_waits_for_queued_copies_before_the_slot_goes_back(
     assert not pending
 
 
+def test_a_device_that_is_not_cuda_is_refused_clearly():
+    """device= copies to a GPU; a CPU device is an error saying what to use."""
+    with pytest.raises(ValueError, match="CUDA device"):
+        ShardcastDataset("00000000", address="unix:/nonexistent.sock", device="cpu")
+
+
 def test_device_in_dataloader_workers_is_refused_clearly(start_daemon, datasets):
     """device= copies from the training process's own mapping of the slots:
     in a DataLoader worker it is an error that says to use num_workers=0."""

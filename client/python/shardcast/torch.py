@@ -106,6 +106,9 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
                            center=center)
         self.rank, self.world_size = rank, world_size
         self.pin_memory = pin_memory
+        if device is not None and torch.device(device).type != "cuda":
+            raise ValueError(f"device={device!r}: a CUDA device (for CPU tensors leave it "
+                             "None, and pass copy=True to keep batches past the next)")
         self.device = device
         self.shared_memory = shared_memory
         self.slots = slots
