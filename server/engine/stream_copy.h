@@ -1,8 +1,8 @@
-// Copies into memory that another thread or process reads next (a batch in a
-// shared-memory slot, a message buffer), with stores that bypass the caches.
+// Copies into memory that another process reads next (a batch in a
+// shared-memory slot), with stores that bypass the caches.
 //
 // A batch is written once by the daemon and read once elsewhere (a trainer,
-// the socket, a GPU's DMA): cache-allocating stores would first read every
+// a GPU's DMA): cache-allocating stores would first read every
 // destination line from memory (read-for-ownership) and fill the caches with
 // lines this thread never reads again. Non-temporal stores write the lines
 // whole. Measured on the 2-core VM (random 4 KiB vectors of a 64 MiB window of
@@ -17,12 +17,16 @@
 namespace shardcast {
 
 /// Copies `n` bytes from `src` to `dst` (not overlapping; any alignment).
-/// With AVX2, the 32-byte-aligned body of a copy of at least
+/// With AVX2, the cache-line-aligned body of a copy of at least
 /// kStreamCopyMinBytes is written with non-temporal stores, which are weakly
 /// ordered: the thread that copied must call StreamCopyFence() before it
-/// hands `dst` to anyone (a release of a lock or an atomic does not order
-/// them). Smaller copies and CPUs without AVX2 use memcpy. Thread-safe.
+/// hands `dst` to anyone (a plain release store does not order them).
+/// Smaller copies, CPUs without AVX2 and sanitized builds use memcpy.
+/// Thread-safe.
 void StreamCopy(char* dst, const char* src, size_t n);
+
+/// Whether StreamCopy uses streaming stores in this build on this CPU.
+bool StreamCopyStreams();
 
 /// Orders this thread's earlier StreamCopy stores before its later stores
 /// (sfence on x86; nothing elsewhere).
@@ -32,7 +36,8 @@ void StreamCopyFence();
 inline constexpr size_t kStreamCopyMinBytes = 512;
 
 /// Hints the memory system to start loading the vector at `src` (its first
-/// kilobyte: the hardware prefetcher follows the rest), to be copied soon.
+/// kilobyte: the hardware prefetcher follows the rest of its page), to be
+/// copied soon.
 inline void PrefetchVector(const char* src, size_t n) {
   const size_t lines = n < 1024 ? n : 1024;
   for (size_t o = 0; o < lines; o += 64) __builtin_prefetch(src + o);

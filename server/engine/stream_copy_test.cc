@@ -1,6 +1,7 @@
 #include "server/engine/stream_copy.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -12,6 +13,9 @@ namespace {
 // not one byte beside them: checked byte by byte against the pattern, not
 // against memcpy.
 TEST(StreamCopyTest, CopiesExactlyTheBytesAtEveryAlignment) {
+  // Which path this checks: streaming stores need AVX2 and an unsanitized
+  // build; otherwise StreamCopy is memcpy.
+  std::printf("StreamCopy streams: %s\n", StreamCopyStreams() ? "yes" : "no");
   std::vector<uint8_t> src(8192 + 64);
   for (size_t i = 0; i < src.size(); ++i) {
     src[i] = static_cast<uint8_t>((i * 131 + 7) % 251);

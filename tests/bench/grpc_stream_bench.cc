@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -115,8 +116,11 @@ struct Payload {
   size_t message_bytes = 0;
   std::string header;  // --parse-protobuf: tag and length of `vectors`
   int64_t messages = 0;
+  mutable std::atomic<int64_t> calls{0};  // stream calls so far
 
-  // Message `i` of a call: window i mod windows of `data`.
+  // Message `i` of a call: window i mod windows of `data` (callers offset
+  // `i` per call, so that concurrent calls do not send the same windows at
+  // the same time out of a shared cache).
   grpc::ByteBuffer Message(int64_t i) const {
     const size_t windows =
         message_bytes == 0 ? 1 : data.size() / message_bytes;
@@ -134,7 +138,10 @@ struct Payload {
 // One call: read the request, then write every message, one in flight.
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit StreamReactor(const Payload* payload) : payload_(payload) {
+  explicit StreamReactor(const Payload* payload)
+      : payload_(payload),
+        // Calls start a prime number of windows apart.
+        first_(payload->calls.fetch_add(1) * 7919) {
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override {
@@ -159,7 +166,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status::OK);
       return;
     }
-    reply_ = payload_->Message(sent_);
+    reply_ = payload_->Message(first_ + sent_);
     ++sent_;
     StartWrite(&reply_);
   }
@@ -167,6 +174,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   const Payload* const payload_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
+  const int64_t first_;
   int64_t sent_ = 0;
 };
 

@@ -72,7 +72,7 @@ def warm_rows(out, trainers, repeat):
         if not ratios:
             continue
         med = statistics.median(ratios)
-        mem_med = statistics.median(mem_ratios) if mem_ratios else float("nan")
+        mem_med = statistics.median(mem_ratios) if mem_ratios else None
         rows.append((n, statistics.median(o) / MB, statistics.median(b) / MB, med,
                      " / ".join(f"{x:.2f}" for x in ratios), verdict(med >= 0.8),
                      mem_med))
@@ -150,7 +150,7 @@ def main():
     print(f"| warm, gRPC messages | MB/s per trainer (median) | bare gRPC loop MB/s per client (median) | ratio (median of {a.repeat}) | runs | >= 0.8 | ratio vs bare from a 1 GiB source |")
     print("|---:|---:|---:|---:|---|---|---:|")
     for r in warm:
-        print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} | {r[6]:.2f} |")
+        print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} | {'-' if r[6] is None else format(r[6], '.2f')} |")
     if query:
         print()
         print("| random access | shardcast | reference | ratio | target | |")

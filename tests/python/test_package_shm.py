@@ -19,10 +19,10 @@ import time
 import grpc
 import pytest
 
-from package_fixtures import (CHILD_ENV, PacedTrainer, assert_exact_epoch,  # noqa: F401
-                              datasets, memfd_fds, memfd_mappings, package_logs,
-                              raw_requests, sockdir, spawn_trainer, start_daemon,
-                              wait_for)
+from package_fixtures import (CHILD_ENV, PacedTrainer, Reference,  # noqa: F401
+                              assert_exact_epoch, datasets, memfd_fds, memfd_mappings,
+                              package_logs, raw_requests, sockdir, spawn_trainer,
+                              start_daemon, synth, wait_for)
 
 import shardcast
 from shardcast import _shm
@@ -34,6 +34,29 @@ ALONE = ("--scan-start-delay-ms", "0")
 
 def shm_path(daemon):
     return str(daemon.sock) + _shm.SOCKET_SUFFIX
+
+
+# ---------------------------------------------------------------------------
+# Vectors of 800 bytes: the daemon's gather writes them with streaming stores
+# (server/engine/stream_copy.h, from 512 bytes up; the fixture datasets' are
+# smaller and go through memcpy).
+
+def test_wide_vectors_over_shared_memory_are_the_files_bytes(start_daemon, tmp_path):
+    """d_model 200 (800-byte vectors: every other row of a slot starts half
+    way into a cache line), one layer of 2, shuffled over shared memory: one
+    exact epoch, every vector equal to numpy's read of the files."""
+    root = tmp_path / "wide"
+    root.mkdir()
+    r = Reference(synth(root, "--layers", "2,7", "--tokens", 12, "--cls", "--d-model", 200,
+                        "--examples", 30, "--budget", 260, "--seed", 21))
+    d = start_daemon(*ALONE, roots=[root])
+    rows = []
+    with shardcast.Client(d.address) as client:
+        with client.stream(r.id, layer=7, tokens="all", batch_size=37, seed=5) as stream:
+            assert stream.shared_memory
+            for b in stream:
+                rows.extend(r.batch_rows(b, 7))
+    assert_exact_epoch(rows, r.selection(7, "all"))
 
 
 # ---------------------------------------------------------------------------

@@ -15,8 +15,10 @@ the next batch is drawn (pass copy=True to keep batches longer).
 To the GPU: device="cuda" yields "vectors" already on the device. The slots
 are registered with CUDA (cudaHostRegister), each batch goes from its slot
 to the GPU by DMA on a side stream (no CPU copy) while the previous step
-runs, the current stream waits for the copy, and the slot goes back to the
-daemon only once the copy has finished reading it.
+runs, the stream current when the batch is drawn waits for the copy (use
+the batch on that stream, or make yours wait for it), and the slot goes back
+to the daemon only once the copy has finished reading it; copy= is ignored
+(the device tensor is the copy).
 pin_memory=True instead yields the slot's view in registered memory, for
 your own .cuda(non_blocking=True): that copy runs when the GPU gets to it,
 so before the slot goes back (when you ask for the next batch) the adapter
@@ -133,10 +135,6 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         rank, world = self.partition()
-        # A client per iterator (per worker process): channels do not survive
-        # a fork.
-        client = Client(self.address, shared_memory=self.shared_memory,
-                        slots=self.slots)
         # In a DataLoader worker an item is pickled for the main process by
         # the queue's feeder thread, after this generator has moved on and
         # the slot may hold a later batch: workers take owned copies.
@@ -148,8 +146,18 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
                     "trains: use DataLoader(num_workers=0) (the daemon does the loading; "
                     "CUDA does not work in DataLoader workers)")
             kwargs["copy"] = True
-        stream = client.stream(self.dataset, rank=rank, world_size=world,
-                               resume_token=self._resume_token, **kwargs)
+        if self.device is not None:
+            kwargs["copy"] = False  # the device tensor is the copy
+        # A client per iterator (per worker process): channels do not survive
+        # a fork.
+        client = Client(self.address, shared_memory=self.shared_memory,
+                        slots=self.slots)
+        try:
+            stream = client.stream(self.dataset, rank=rank, world_size=world,
+                                   resume_token=self._resume_token, **kwargs)
+        except BaseException:
+            client.close()
+            raise
         self._resume_token = b""
         registered = None
         copier = _DeviceCopier(self.device) if self.device is not None else None
@@ -186,13 +194,15 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
                 if settle is not None:
                     settle()
         finally:
-            # The region is unmapped by close(): no copy may still read it.
-            if settle is not None:
-                settle()
-            stream.close()
-            if registered is not None:
-                torch.cuda.cudart().cudaHostUnregister(registered)
-            client.close()
+            try:
+                # The region is unmapped by close(): no copy may still read it.
+                if settle is not None:
+                    settle()
+            finally:
+                stream.close()
+                if registered is not None:
+                    torch.cuda.cudart().cudaHostUnregister(registered)
+                client.close()
 
     def state_dict(self):
         """{"resume_token": the last batch's token} (bytes)."""

@@ -26,8 +26,12 @@ else
   export PATH=$BIN:$PATH
 fi
 export PYTHONUNBUFFERED=1
-PY=${PY:-$(command -v python3)}
-[[ -x /usr/bin/python3 && -z ${PY_SET:-} ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && PY=/usr/bin/python3
+# PY: the Python with torch and grpcio (default: /usr/bin/python3 if it has
+# torch, else the python3 on PATH).
+if [[ -z ${PY:-} ]]; then
+  PY=$(command -v python3)
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then PY=/usr/bin/python3; fi
+fi
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 DEVICE=${DEVICE:-cuda}
 MAX_S=${MAX_S:-20}
