@@ -51,6 +51,11 @@ def cold_rows(out, trainers):
     return rows, series, fio_points
 
 
+def bare_rate(path):
+    """Mean bytes/s per client of a grpc_stream_bench --json run."""
+    return statistics.mean(c["bytes_per_second"] for c in load(path)["clients"])
+
+
 def warm_rows(out, trainers, repeat):
     rows, ours, bare = [], [], []
     for n in trainers:
@@ -62,11 +67,10 @@ def warm_rows(out, trainers, repeat):
             if not (os.path.exists(jp) and os.path.exists(bp)):
                 continue
             mine = statistics.mean(per_trainer(load(jp)))
-            ref = statistics.mean(c["bytes_per_second"] for c in load(bp)["clients"])
+            ref = bare_rate(bp)
             ratios.append(mine / ref)
             if os.path.exists(mp):
-                mem = statistics.mean(c["bytes_per_second"] for c in load(mp)["clients"])
-                mem_ratios.append(mine / mem)
+                mem_ratios.append(mine / bare_rate(mp))
             o.append(mine)
             b.append(ref)
         if not ratios:

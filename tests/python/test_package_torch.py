@@ -14,6 +14,7 @@ DataLoader workers run in a fresh process that opens no channel itself.
 """
 
 import gc
+import json
 from pathlib import Path
 import subprocess
 import sys
@@ -228,14 +229,16 @@ def checked_late(r, loader, layer, use):
     """Rows of every item, each checked after the next item was drawn (when
     the copy of a real GPU may only then be done), the last one after the
     loop. `use(item)` is what the training loop does with the vectors."""
+    def check(i, item, x):
+        return item_rows(r, dict(item, vectors=x), layer, f"item {i}")
+
     rows, held = [], None
     for i, item in enumerate(loader):
         x = use(item)
         if held is not None:
-            rows.extend(held[0]())
-        held = (lambda item=item, x=x, i=i:
-                item_rows(r, dict(item, vectors=x), layer, f"item {i}"),)
-    rows.extend(held[0]())
+            rows.extend(check(*held))
+        held = (i, item, x)
+    rows.extend(check(*held))
     return rows
 
 
@@ -326,7 +329,6 @@ def test_the_gpu_benchmarks_package_mode_trains_on_the_cpu(start_daemon, dataset
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV, timeout=120)
     err = proc.stderr.decode(errors="replace")[-3000:]
     assert proc.returncode == 0, err
-    import json
     res = json.loads(out.read_text().splitlines()[-1])
     assert res["error"] == [] and res["steps"] > 0 and res["vec_s"] > 0, res
 

@@ -170,10 +170,9 @@ class ShardcastDataset(torch.utils.data.IterableDataset):
         else:
             settle = None
         try:
+            if (self.pin_memory or copier is not None) and stream.shared_memory:
+                registered = _register(stream._region.buffer)
             for b in stream:
-                if ((self.pin_memory or copier is not None) and stream.shared_memory
-                        and registered is None):
-                    registered = _register(stream._region.buffer)
                 if b.dtype == "bfloat16":  # numpy has no bfloat16: its bits
                     vectors = torch.from_numpy(b.vectors.view("<i2")).view(torch.bfloat16)
                 else:
