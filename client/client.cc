@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/call_combiner.h"
 #include "client/shared_memory_internal.h"
 #include "common/file.h"
 #include "common/mutex.h"
@@ -406,7 +407,35 @@ struct Client::Impl {
         channel(std::move(c)),
         admin(v1::Admin::NewStub(channel)),
         query(v1::Query::NewStub(channel)),
-        stream(v1::Stream::NewStub(channel)) {}
+        stream(v1::Stream::NewStub(channel)),
+        vectors(
+            [this](const std::string& dataset,
+                   const std::vector<VectorCoord>& coords) {
+              return CallGetVectors(dataset, coords);
+            },
+            options.query_calls_in_flight, kMaxCombinedVectors) {}
+
+  // One GetVectors call on the calling thread.
+  absl::StatusOr<VectorBlock> CallGetVectors(
+      const std::string& dataset, const std::vector<VectorCoord>& coords) {
+    grpc::ClientContext ctx;
+    v1::GetVectorsRequest req;
+    req.set_dataset(dataset);
+    for (const VectorCoord& c : coords) {
+      v1::Coordinate* p = req.add_coordinates();
+      p->set_example(c.example);
+      p->set_layer(c.layer);
+      p->set_token(c.token);
+    }
+    auto resp = std::make_shared<v1::Vectors>();
+    RETURN_IF_ERROR(FromGrpcStatus(query->GetVectors(&ctx, req, resp.get())));
+    return ToBlock(std::move(resp));
+  }
+
+  // Requests queued together go out as one call of at most this many
+  // vectors (4 MiB at d_model 1024; one that would exceed the daemon's
+  // reply limit fails and its requests are sent again alone).
+  static constexpr int64_t kMaxCombinedVectors = 1024;
 
   const std::string address;
   const ClientOptions options;
@@ -414,6 +443,7 @@ struct Client::Impl {
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<v1::Query::Stub> query;
   std::unique_ptr<v1::Stream::Stub> stream;
+  internal_client::CallCombiner vectors;  // GetVectors calls
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -704,19 +734,7 @@ absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
 
 absl::StatusOr<VectorBlock> Client::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  grpc::ClientContext ctx;
-  v1::GetVectorsRequest req;
-  req.set_dataset(dataset);
-  for (const VectorCoord& c : coords) {
-    v1::Coordinate* p = req.add_coordinates();
-    p->set_example(c.example);
-    p->set_layer(c.layer);
-    p->set_token(c.token);
-  }
-  auto resp = std::make_shared<v1::Vectors>();
-  RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->query->GetVectors(&ctx, req, resp.get())));
-  return ToBlock(std::move(resp));
+  return impl_->vectors.GetVectors(dataset, coords);
 }
 
 absl::StatusOr<VectorBlock> Client::GetExample(const std::string& dataset,

@@ -37,6 +37,14 @@ struct ClientOptions {
   /// Slots of a stream's region: how many batches the daemon may have ready
   /// for this client, the one it reads included (2 to 16).
   int shared_memory_slots = 4;
+  /// GetVectors calls this process's threads may have running at once.
+  /// A request that finds this many running waits for one to finish and
+  /// goes out together with the requests that queued meanwhile, in one
+  /// call (each caller still gets exactly its own rows, or its own error).
+  /// A thread calling alone is never delayed. Many threads asking a few
+  /// vectors each then cost the daemon a few calls instead of one each
+  /// (tests/bench/RESULTS.md, random access). 0: one call per request.
+  int query_calls_in_flight = 4;
 };
 
 /// One vector/coordinate request.
@@ -327,7 +335,9 @@ class Client {
   /// The vectors at `coords`, [N, D] in the order of `coords`. DATA_LOSS
   /// when the reply's shape does not match its payload; the daemon's
   /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or
-  /// oversized requests.
+  /// oversized requests. Concurrent calls may share one call to the
+  /// daemon (ClientOptions::query_calls_in_flight); the block then views
+  /// its rows of the shared reply.
   absl::StatusOr<VectorBlock> GetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords);
   /// All tokens of one example: [T, D] of one layer, or [L, T, D] when

@@ -496,6 +496,104 @@ TEST_F(DaemonTest, ConcurrentClientsAllGetCorrectVectors) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// `threads` threads of one Client each make `requests` GetVectors calls of
+// 1 to `max_n` random coordinates; every tenth request (with
+// `with_bad`) has a bad last coordinate. Counts, with a test failure for
+// each, the rows that differ from the generator and the requests whose
+// result is not their own (an error for a good request, anything but
+// OUT_OF_RANGE naming the index in its own request for a bad one).
+struct SharedCallsOutcome {
+  int wrong_rows = 0;
+  int wrong_results = 0;
+};
+SharedCallsOutcome RunThreadsOfOneClient(
+    Client* client, const std::string& dataset, int threads, int requests,
+    int max_n, bool with_bad,
+    float (*expected)(int64_t, int64_t, int64_t, int64_t)) {
+  std::atomic<int> wrong_rows{0}, wrong_results{0};
+  std::vector<std::thread> pool;
+  for (int c = 0; c < threads; ++c) {
+    pool.emplace_back([&, c] {
+      std::mt19937_64 rng(500 + c);
+      for (int i = 0; i < requests; ++i) {
+        const int n = 1 + static_cast<int>(rng() % static_cast<unsigned>(max_n));
+        std::vector<VectorCoord> coords;
+        for (int k = 0; k < n; ++k) {
+          coords.push_back({static_cast<int64_t>(rng() % 40),
+                            rng() % 2 == 0 ? 6 : -2,
+                            static_cast<int64_t>(rng() % 17)});
+        }
+        const bool bad = with_bad && i % 10 == 9;
+        if (bad) coords[static_cast<size_t>(n - 1)].token = 17;  // one past
+        auto r = client->GetVectors(dataset, coords);
+        if (bad) {
+          const std::string want = absl::StrCat("coordinates[", n - 1, "]");
+          if (r.ok() || r.status().code() != absl::StatusCode::kOutOfRange ||
+              std::string(r.status().message()).find(want) ==
+                  std::string::npos) {
+            wrong_results++;
+            ADD_FAILURE() << "want OUT_OF_RANGE for " << want << ": "
+                          << r.status();
+          }
+          continue;
+        }
+        if (!r.ok() || r->shape != std::vector<int64_t>{n, 32}) {
+          wrong_results++;
+          ADD_FAILURE() << r.status();
+          continue;
+        }
+        for (int k = 0; k < n; ++k) {
+          const VectorCoord& v = coords[static_cast<size_t>(k)];
+          for (int d = 0; d < 32; ++d) {
+            if (r->values[static_cast<size_t>(k * 32 + d)] !=
+                expected(v.example, v.layer == 6 ? 1 : 0, v.token, d)) {
+              wrong_rows++;
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  return {wrong_rows.load(), wrong_results.load()};
+}
+
+// With one call in flight, the requests of a Client's threads that arrive
+// meanwhile share a call (ClientOptions::query_calls_in_flight): fewer
+// calls reach the daemon, and every request still gets exactly its own
+// rows, or its own error.
+TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
+  daemon_ = StartDaemon();
+  ClientOptions options;
+  options.query_calls_in_flight = 1;
+  auto client = Client::Connect("unix:" + socket_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kThreads = 12, kRequests = 30;
+  const SharedCallsOutcome out = RunThreadsOfOneClient(
+      client->get(), main_id_, kThreads, kRequests, 5, true, &Expected);
+  EXPECT_EQ(out.wrong_rows, 0);
+  EXPECT_EQ(out.wrong_results, 0);
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  // Calls before GetStatus: the requests' (fewer, when shared) plus one
+  // retry per request of a combined call with a bad coordinate.
+  EXPECT_LT(status->calls_total, static_cast<uint64_t>(kThreads * kRequests));
+}
+
+// Combined calls over the daemon's reply limit (8 vectors here) fail; their
+// requests are sent again alone and all succeed.
+TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
+  daemon_ = StartDaemon({"--max-bytes-per-call", "1024"});
+  ClientOptions options;
+  options.query_calls_in_flight = 1;
+  auto client = Client::Connect("unix:" + socket_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const SharedCallsOutcome out = RunThreadsOfOneClient(
+      client->get(), main_id_, 6, 20, 5, false, &Expected);
+  EXPECT_EQ(out.wrong_rows, 0);
+  EXPECT_EQ(out.wrong_results, 0);
+}
+
 TEST_F(DaemonTest, SighupRescansTheRoots) {
   daemon_ = StartDaemon();
   auto client = Connect();

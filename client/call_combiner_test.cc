@@ -1,0 +1,305 @@
+#include "client/call_combiner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace internal_client {
+namespace {
+
+// A fake daemon: row i of a reply is (example, layer, token) of coords[i]
+// as floats (D = 3), prefixed by the dataset's length so a reply for the
+// wrong dataset shows; a negative token is refused like the daemon refuses
+// a bad coordinate, naming its index in that call. Calls can be held at a
+// gate to make later requests queue.
+class FakeDaemon {
+ public:
+  absl::StatusOr<VectorBlock> Call(const std::string& dataset,
+                                   const std::vector<VectorCoord>& coords) {
+    entered_++;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      gate_cv_.wait(lock, [&] { return open_; });
+      sizes_.push_back(coords.size());
+    }
+    if (delay_us_ > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    }
+    for (size_t i = 0; i < coords.size(); ++i) {
+      if (coords[i].token < 0) {
+        return absl::OutOfRangeError(
+            absl::StrCat("coordinates[", i, "]: token ", coords[i].token));
+      }
+    }
+    auto data = std::make_shared<std::vector<float>>();
+    for (const VectorCoord& c : coords) {
+      data->push_back(static_cast<float>(dataset.size() * 1000 + c.example));
+      data->push_back(static_cast<float>(c.layer));
+      data->push_back(static_cast<float>(c.token));
+    }
+    VectorBlock block;
+    block.shape = {static_cast<int64_t>(coords.size()), 3};
+    block.values = absl::Span<const float>(*data);
+    block.storage = data;
+    return block;
+  }
+  CallCombiner::Call AsCall() {
+    return [this](const std::string& d, const std::vector<VectorCoord>& c) {
+      return Call(d, c);
+    };
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    gate_cv_.notify_all();
+  }
+  int entered() const { return entered_.load(); }
+  std::vector<size_t> sizes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sizes_;
+  }
+  void set_delay_us(int us) { delay_us_ = us; }
+
+ private:
+  std::atomic<int> entered_{0};
+  std::mutex mu_;
+  std::condition_variable gate_cv_;
+  bool open_ = true;
+  std::vector<size_t> sizes_;
+  int delay_us_ = 0;
+};
+
+// Expects `got` to be exactly the rows of `coords` for `dataset`.
+void ExpectRows(const absl::StatusOr<VectorBlock>& got,
+                const std::string& dataset,
+                const std::vector<VectorCoord>& coords) {
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->shape, (std::vector<int64_t>{
+                            static_cast<int64_t>(coords.size()), 3}));
+  ASSERT_EQ(got->values.size(), coords.size() * 3);
+  for (size_t i = 0; i < coords.size(); ++i) {
+    EXPECT_EQ(got->values[i * 3 + 0],
+              static_cast<float>(dataset.size() * 1000 + coords[i].example))
+        << "row " << i;
+    EXPECT_EQ(got->values[i * 3 + 1], static_cast<float>(coords[i].layer));
+    EXPECT_EQ(got->values[i * 3 + 2], static_cast<float>(coords[i].token));
+  }
+}
+
+std::vector<VectorCoord> Coords(int64_t example, int n) {
+  std::vector<VectorCoord> c;
+  for (int i = 0; i < n; ++i) c.push_back({example, 12, i});
+  return c;
+}
+
+void WaitUntil(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "timed out";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST(CallCombinerTest, OneThreadMakesOneCallPerRequest) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 4, 1024);
+  for (int i = 0; i < 10; ++i) {
+    ExpectRows(combiner.GetVectors("ds", Coords(i, 3)), "ds", Coords(i, 3));
+  }
+  const CallCombiner::Counters c = combiner.counters();
+  EXPECT_EQ(c.calls, 10);
+  EXPECT_EQ(c.requests, 10);
+  EXPECT_EQ(c.combined, 0);
+}
+
+// One call held at the daemon with one call allowed in flight: the five
+// requests that arrive meanwhile go out together as one call, and each
+// gets its own rows.
+TEST(CallCombinerTest, RequestsQueuedTogetherShareOneCall) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] {
+    ExpectRows(combiner.GetVectors("ds", Coords(100, 2)), "ds",
+               Coords(100, 2));
+  });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<std::thread> rest;
+  for (int t = 0; t < 5; ++t) {
+    rest.emplace_back([&, t] {
+      ExpectRows(combiner.GetVectors("ds", Coords(t, t + 1)), "ds",
+                 Coords(t, t + 1));
+    });
+  }
+  WaitUntil([&] { return combiner.queued() == 5; });
+  fake.Open();
+  first.join();
+  for (std::thread& t : rest) t.join();
+  const CallCombiner::Counters c = combiner.counters();
+  EXPECT_EQ(c.requests, 6);
+  EXPECT_EQ(c.calls, 2);
+  EXPECT_EQ(c.combined, 5);
+  EXPECT_EQ(c.retried, 0);
+  EXPECT_EQ(fake.sizes(), (std::vector<size_t>{2, 1 + 2 + 3 + 4 + 5}));
+}
+
+// A combined call that fails (one member's coordinate is bad) is sent
+// again per request: the bad request gets its own error, naming its own
+// index; the others get their rows.
+TEST(CallCombinerTest, AFailedCombinedCallIsRetriedPerRequest) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<VectorCoord> bad = {{1, 12, 0}, {1, 12, -7}};
+  absl::StatusOr<VectorBlock> bad_result;
+  std::thread t_bad([&] { bad_result = combiner.GetVectors("ds", bad); });
+  WaitUntil([&] { return combiner.queued() == 1; });
+  std::thread t_good1([&] {
+    ExpectRows(combiner.GetVectors("ds", Coords(2, 3)), "ds", Coords(2, 3));
+  });
+  std::thread t_good2([&] {
+    ExpectRows(combiner.GetVectors("ds", Coords(3, 1)), "ds", Coords(3, 1));
+  });
+  WaitUntil([&] { return combiner.queued() == 3; });
+  fake.Open();
+  first.join();
+  t_bad.join();
+  t_good1.join();
+  t_good2.join();
+  ASSERT_FALSE(bad_result.ok());
+  EXPECT_EQ(bad_result.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(bad_result.status().message(), "coordinates[1]: token -7");
+  const CallCombiner::Counters c = combiner.counters();
+  EXPECT_EQ(c.retried, 3);
+  EXPECT_EQ(c.calls, 1 + 1 + 3);
+}
+
+// The bad request joins last, so in the combined call its coordinate has
+// another index: the error must still name the index in its own request.
+TEST(CallCombinerTest, ErrorsNameTheIndexInTheCallersOwnRequest) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread t_good([&] {
+    ExpectRows(combiner.GetVectors("ds", Coords(2, 4)), "ds", Coords(2, 4));
+  });
+  WaitUntil([&] { return combiner.queued() == 1; });
+  absl::StatusOr<VectorBlock> bad_result;
+  std::thread t_bad([&] {
+    bad_result = combiner.GetVectors("ds", {{5, 12, 1}, {5, 12, -3}});
+  });
+  WaitUntil([&] { return combiner.queued() == 2; });
+  fake.Open();
+  first.join();
+  t_good.join();
+  t_bad.join();
+  ASSERT_FALSE(bad_result.ok());
+  EXPECT_EQ(bad_result.status().message(), "coordinates[1]: token -3");
+}
+
+// Requests for different datasets never share a call; a queued group holds
+// at most max_vectors; a request of max_vectors or more is sent at once.
+TEST(CallCombinerTest, GroupsKeepToOneDatasetAndTheSizeLimit) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 8);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<std::thread> threads;
+  auto request = [&](std::string dataset, int64_t example, int n) {
+    threads.emplace_back([&combiner, dataset, example, n] {
+      ExpectRows(combiner.GetVectors(dataset, Coords(example, n)), dataset,
+                 Coords(example, n));
+    });
+  };
+  request("ds", 1, 5);  // group 1
+  WaitUntil([&] { return combiner.queued() == 1; });
+  request("ds", 2, 3);  // fits: group 1 has 8
+  WaitUntil([&] { return combiner.queued() == 2; });
+  request("ds", 3, 1);  // group 1 is full: group 2
+  WaitUntil([&] { return combiner.queued() == 3; });
+  request("other", 4, 2);  // another dataset: group 3
+  WaitUntil([&] { return combiner.queued() == 4; });
+  request("ds", 5, 8);  // max_vectors: not queued, sent at once
+  WaitUntil([&] { return fake.entered() == 2; });
+  EXPECT_EQ(combiner.queued(), 4);
+  fake.Open();
+  first.join();
+  for (std::thread& t : threads) t.join();
+  std::vector<size_t> sizes = fake.sizes();
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 1, 2, 8, 8}));
+  EXPECT_EQ(combiner.counters().calls, 5);
+}
+
+TEST(CallCombinerTest, ZeroInFlightTurnsCombiningOff) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 0, 1024);
+  fake.Close();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      ExpectRows(combiner.GetVectors("ds", Coords(t, 2)), "ds", Coords(t, 2));
+    });
+  }
+  WaitUntil([&] { return fake.entered() == 4; });  // all four at the daemon
+  fake.Open();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(combiner.counters().calls, 4);
+  EXPECT_EQ(combiner.counters().combined, 0);
+}
+
+// Many threads, random request sizes, a slow daemon: every request gets
+// exactly its rows, and fewer calls than requests were made.
+TEST(CallCombinerTest, ManyThreadsEachGetTheirOwnRows) {
+  FakeDaemon fake;
+  fake.set_delay_us(200);
+  CallCombiner combiner(fake.AsCall(), 2, 64);
+  constexpr int kThreads = 16;
+  constexpr int kRequests = 60;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int r = 0; r < kRequests; ++r) {
+        const int n = 1 + static_cast<int>(rng() % 40);
+        const std::string dataset = (rng() % 4 == 0) ? "other" : "ds";
+        const std::vector<VectorCoord> coords = Coords(t * 1000 + r, n);
+        ExpectRows(combiner.GetVectors(dataset, coords), dataset, coords);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const CallCombiner::Counters c = combiner.counters();
+  EXPECT_EQ(c.requests, kThreads * kRequests);
+  EXPECT_LT(c.calls, c.requests);
+  EXPECT_GT(c.combined, 0);
+  EXPECT_EQ(c.retried, 0);
+  EXPECT_EQ(combiner.queued(), 0);
+}
+
+}  // namespace
+}  // namespace internal_client
+}  // namespace shardcast
