@@ -32,14 +32,16 @@
 //
 //
 // --unary N is the reference for single queries ("warm single-vector p50
-// <= 1.5 x a bare gRPC unary round trip", issue 11): N sequential unary
-// calls from one client thread, each answered at once from the callback
-// (read the request, write --reply-bytes, finish: no thread hop, no work);
-// it prints the round trip's p50/p99.
+// <= 1.5 x a bare gRPC unary round trip", issue 11): N unary calls, each
+// answered at once from the callback (read the request, write
+// --reply-bytes, finish: no thread hop, no work), from one client thread
+// one after another, or with --threads T from T threads at once on one
+// connection (the ceiling of concurrent single queries on this machine);
+// it prints the round trip's p50/p99 and the calls per second.
 //
 //   grpc_stream_bench --socket /tmp/x.sock --message-bytes 16777216
 //       --messages 400 [--clients N] [--fork] [--parse-protobuf] [--json]
-//   grpc_stream_bench --socket /tmp/x.sock --unary 20000 [--json]
+//   grpc_stream_bench --socket /tmp/x.sock --unary 20000 [--threads T] [--json]
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -99,6 +101,9 @@ const std::vector<OptionSpec> kSpecs = {
      "instead of streaming: N sequential unary calls with an empty handler "
      "(the round-trip reference for single queries); prints p50/p99"},
     {"reply-bytes", "N", "--unary: bytes in each reply (default 0)"},
+    {"threads", "T",
+     "--unary: client threads calling at once on the one connection, "
+     "calls/T each (default 1; the reference for concurrent queries)"},
     {"json", nullptr, "print one JSON object on stdout"},
 };
 
@@ -480,35 +485,61 @@ class ForkedClients {
   std::vector<pid_t> pids_;
 };
 
-// --unary: `calls` sequential round trips on one connection; the
-// latencies in microseconds, sorted.
-absl::StatusOr<std::vector<double>> RunUnary(const std::string& address,
-                                             int64_t calls) {
+// --unary: `calls` round trips on one connection, from `threads` client
+// threads each calling one after another (calls/threads each); the
+// latencies in microseconds, sorted, and the calls per second of the whole
+// run (first call's start to the last call's end).
+struct UnaryResult {
+  std::vector<double> micros;
+  double calls_per_second = 0;
+};
+
+absl::StatusOr<UnaryResult> RunUnary(const std::string& address,
+                                     int64_t calls, int threads) {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Connect(address));
   const grpc::internal::RpcMethod method(kUnaryMethod,
                                          grpc::internal::RpcMethod::NORMAL_RPC);
   // About the size of a one-vector GetVectorsRequest.
   const std::string body(40, 'q');
-  grpc::Slice slice(body);
-  const grpc::ByteBuffer request(&slice, 1);
-  std::vector<double> micros;
-  micros.reserve(static_cast<size_t>(calls));
-  for (int64_t i = 0; i < calls; ++i) {
-    grpc::ClientContext ctx;
-    grpc::ByteBuffer reply;
-    const auto t0 = Clock::now();
-    const grpc::Status st =
-        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer>(
-            channel.get(), method, &ctx, request, &reply);
-    const auto t1 = Clock::now();
-    if (!st.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("unary call ", i, ": ", st.error_message()));
+  struct PerThread {
+    std::vector<double> micros;
+    std::string error;
+  };
+  std::vector<PerThread> per(static_cast<size_t>(threads));
+  auto worker = [&](int t) {
+    PerThread& me = per[static_cast<size_t>(t)];
+    grpc::Slice slice(body);
+    const grpc::ByteBuffer request(&slice, 1);
+    for (int64_t i = t; i < calls; i += threads) {
+      grpc::ClientContext ctx;
+      grpc::ByteBuffer reply;
+      const auto t0 = Clock::now();
+      const grpc::Status st = grpc::internal::BlockingUnaryCall<
+          grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer,
+          grpc::ByteBuffer>(channel.get(), method, &ctx, request, &reply);
+      const auto t1 = Clock::now();
+      if (!st.ok()) {
+        me.error = absl::StrCat("unary call ", i, ": ", st.error_message());
+        return;
+      }
+      me.micros.push_back(
+          std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
-    micros.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  };
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+  for (std::thread& t : pool) t.join();
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  UnaryResult r;
+  for (PerThread& p : per) {
+    if (!p.error.empty()) return absl::UnavailableError(p.error);
+    r.micros.insert(r.micros.end(), p.micros.begin(), p.micros.end());
   }
-  std::sort(micros.begin(), micros.end());
-  return micros;
+  std::sort(r.micros.begin(), r.micros.end());
+  r.calls_per_second = static_cast<double>(r.micros.size()) / seconds;
+  return r;
 }
 
 int Usage(const std::string& error) {
@@ -561,7 +592,12 @@ int Main(int argc, char** argv) {
     if (!reply_bytes.ok()) {
       return Usage(std::string(reply_bytes.status().message()));
     }
+    absl::StatusOr<int64_t> threads = args->GetInt("threads", 1);
+    if (!threads.ok()) return Usage(std::string(threads.status().message()));
     if (*calls < 1) return Usage("--unary must be >= 1");
+    if (*threads < 1 || *threads > 256) {
+      return Usage("--threads must be in [1, 256]");
+    }
     if (*reply_bytes > kMaxMessageBytes - 16) {
       return Usage("--reply-bytes is over the message limit");
     }
@@ -575,15 +611,16 @@ int Main(int argc, char** argv) {
       std::cerr << "grpc_stream_bench: " << server.status() << "\n";
       return 1;
     }
-    absl::StatusOr<std::vector<double>> micros =
-        RunUnary(absl::StrCat("unix:", socket), *calls);
+    absl::StatusOr<UnaryResult> unary =
+        RunUnary(absl::StrCat("unix:", socket), *calls, *threads);
     (*server)->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::seconds(5));
     ::unlink(socket.c_str());
-    if (!micros.ok()) {
-      std::cerr << "grpc_stream_bench: " << micros.status() << "\n";
+    if (!unary.ok()) {
+      std::cerr << "grpc_stream_bench: " << unary.status() << "\n";
       return 1;
     }
+    const std::vector<double>* micros = &unary->micros;
     const auto at = [&](double q) {
       return (*micros)[static_cast<size_t>(q * (micros->size() - 1))];
     };
@@ -592,11 +629,12 @@ int Main(int argc, char** argv) {
     nlohmann::ordered_json out;
     out["mode"] = "unary";
     out["calls"] = *calls;
+    out["threads"] = *threads;
     out["reply_bytes"] = *reply_bytes;
     out["p50_us"] = at(0.5);
     out["p99_us"] = at(0.99);
     out["mean_us"] = sum / static_cast<double>(micros->size());
-    out["calls_per_second"] = 1e6 * static_cast<double>(micros->size()) / sum;
+    out["calls_per_second"] = unary->calls_per_second;
     if (args->Has("json")) {
       std::cout << out.dump() << std::endl;
     } else {

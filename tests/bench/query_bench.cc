@@ -51,6 +51,10 @@ const std::vector<OptionSpec> kSpecs = {
     {"seconds", "S",
      "stop a phase after S seconds even if calls remain (default 10)"},
     {"threads", "C", "client threads issuing calls concurrently (default 1)"},
+    {"calls-in-flight", "N",
+     "the Client's query_calls_in_flight: calls its threads may have running "
+     "before further requests queue and share a call (default: the "
+     "library's, 4; 0 = one call per request)"},
     {"warmup-calls", "N", "untimed single calls before timing (default 16)"},
     {"seed", "S", "seed of the random coordinates (default 1)"},
     {"malloc-keep", nullptr,
@@ -317,12 +321,15 @@ int Main(int argc, char** argv) {
   if (mode != "single" && mode != "batch" && mode != "both") {
     return Usage("--mode must be single, batch or both");
   }
-  int64_t ints[8];
-  const char* names[8] = {
+  ClientOptions options;
+  int64_t ints[9];
+  const char* names[9] = {
       "calls",   "batch", "batch-calls",  "threads",
-      "seconds", "seed",  "warmup-calls", "verify-synth-seed"};
-  const int64_t defaults[8] = {20000, 256, 200, 1, 10, 1, 16, -1};
-  for (int i = 0; i < 8; ++i) {
+      "seconds", "seed",  "warmup-calls", "verify-synth-seed",
+      "calls-in-flight"};
+  const int64_t defaults[9] = {20000, 256, 200, 1, 10, 1, 16, -1,
+                               options.query_calls_in_flight};
+  for (int i = 0; i < 9; ++i) {
     absl::StatusOr<int64_t> v = args->GetInt(names[i], defaults[i]);
     if (!v.ok()) return Usage(std::string(v.status().message()));
     if (*v < 0 && i != 7)
@@ -344,7 +351,9 @@ int Main(int argc, char** argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
 
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address);
+  options.query_calls_in_flight = static_cast<int>(ints[8]);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(address, options);
   if (!client.ok()) {
     std::cerr << "query_bench: " << client.status() << "\n";
     return 1;
@@ -384,6 +393,7 @@ int Main(int argc, char** argv) {
   out["vector_bytes"] = g.vector_bytes();
   out["total_vectors"] = g.total_vectors();
   out["threads"] = threads;
+  out["calls_in_flight"] = options.query_calls_in_flight;
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;

@@ -17,7 +17,9 @@
 #                  512 -> ~1 GiB. Reused across runs when the size matches.
 #   FIO_SECONDS    runtime cap of each fio job and each timed phase (default 10)
 #   FIO_QD         "deep" queue depth, matching the daemon's io_uring depth per
-#                  batched call (default 64)
+#                  batched call (default 256: a 256-vector call has all its
+#                  reads in flight; on the 2-core VM fio qd256 is 3-6 % above
+#                  qd64 on the same reads)
 #   CONC           client threads of the concurrent cold run (default 16)
 #
 # What runs, in order (every cold step starts with `vmtouch -e` of the shards):
@@ -27,9 +29,13 @@
 #   and on these VMs the hint halves buffered io_uring IOPS); query_bench
 #   cold: 1 vector per call; 256 per call, with the client library as is and
 #   with --malloc-keep (see query_bench --help); 1 per call from $CONC
-#   threads; then `vmtouch -t` and query_bench warm (1 and 256 per call, 256
-#   with --malloc-keep). Prints a table of ratios and leaves the raw JSON in
-#   $BENCH_DIR/results.json.
+#   threads sharing calls (the client library's default) and with one call
+#   per request; fio again, no hint, at $FIO_QD and $CONC reading as many
+#   blocks as the batched and the concurrent phase (the references with the
+#   targets); the bare gRPC unary loop from $CONC threads (grpc_stream_bench,
+#   the ceiling of one call per request); then `vmtouch -t` and query_bench
+#   warm (1 and 256 per call, 256 with --malloc-keep). Prints a table of
+#   ratios and leaves the raw JSON in $BENCH_DIR/results.json.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,7 +43,7 @@ BUILD_DIR=${BUILD_DIR:-$REPO/build}
 BENCH_DIR=${BENCH_DIR:-/tmp/shardcast-bench}
 BENCH_EXAMPLES=${BENCH_EXAMPLES:-1024}
 FIO_SECONDS=${FIO_SECONDS:-10}
-FIO_QD=${FIO_QD:-64}
+FIO_QD=${FIO_QD:-256}
 CONC=${CONC:-16}
 
 die() { echo "run_query_bench: $*" >&2; exit 1; }
@@ -108,10 +114,13 @@ measure() {  # NAME CMD...: runs CMD, records the device bytes read in $OUT/disk
 # it never re-reads pages it cached itself.
 # fio's default for random jobs is fadvise(RANDOM) (fadvise_hint=1); the
 # daemon gives no hint, so the deep buffered job also runs with hint 0.
-run_fio() {  # name direct iodepth engine [fadvise_hint]
+run_fio() {  # name direct iodepth engine [fadvise_hint [io_size]]
   evict
+  local size=()
+  [[ -n ${6:-} ]] && size=(--io_size="$6")
   measure "fio_$1" fio --name="$1" --filename="$FIO_FILES" --rw=randread --bs=4k --direct="$2" \
       --iodepth="$3" --ioengine="$4" --fadvise_hint="${5:-1}" --runtime="$FIO_SECONDS" \
+      "${size[@]}" \
       --numjobs=1 --group_reporting --output-format=json --output="$OUT/fio_$1.json"
   "$PY" - "$OUT/fio_$1.json" <<'EOF'
 import json, sys
@@ -141,6 +150,28 @@ cold cold_single --mode single --calls 100000
 cold cold_batch --mode batch --batch 256 --batch-calls 800
 cold cold_batch_keep --mode batch --batch 256 --batch-calls 800 --malloc-keep
 cold cold_single_conc --mode single --calls 100000 --threads "$CONC"
+cold cold_single_conc_alone --mode single --calls 100000 --threads "$CONC" --calls-in-flight 0
+
+# fio again, reading as many blocks as the query phase it is compared with
+# (io_size = that phase's payload bytes). Over the whole file fio is
+# favoured: without the RANDOM hint its reads start readahead, and towards
+# the end of the file most blocks it has left are already cached (measured
+# on the 2-core VM, qd64: 79 K IOPS over 400 MiB, 137 K over 800 MiB, 157 K
+# over all 1.1 GiB).
+payload() { "$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j[sys.argv[2]]["payload_bytes"])' "$1" "$2"; }
+echo "== fio randread 4k, no fadvise hint, as many reads as the query phase"
+run_fio "buffered_qd${FIO_QD}_nohint_same" 0 "$FIO_QD" io_uring 0 \
+  "$(payload "$OUT/cold_batch_keep.json" batch)"
+run_fio "buffered_qd${CONC}_nohint_same" 0 "$CONC" io_uring 0 \
+  "$(payload "$OUT/cold_single_conc.json" single)"
+
+# The most unary calls $CONC threads get through gRPC here with an empty
+# handler (no disk, no data): the ceiling of one call per request.
+if [[ -x $BUILD_DIR/grpc_stream_bench ]]; then
+  echo "== bare gRPC unary calls from $CONC threads"
+  "$BUILD_DIR/grpc_stream_bench" --socket "$BENCH_DIR/bare.sock" --unary 40000 \
+    --threads "$CONC" --json > "$OUT/unary_conc.json"
+fi
 
 # 5. Query bench, warm: read every shard byte, then measure at once (pages
 # idle for ~30 s get evicted on these VMs).
@@ -161,28 +192,38 @@ def load(n): return json.load(open(os.path.join(out, n)))
 fio_jobs = {n[4:-5]: load(n)["jobs"][0]["read"] for n in os.listdir(out) if n.startswith("fio_")}
 fio = {k: v["iops"] for k, v in fio_jobs.items()}
 fio_p50 = {k: v["clat_ns"]["percentile"]["50.000000"] / 1e3 for k, v in fio_jobs.items()}
-cs, cb, ck, cc, w, wk = (load(n + ".json") for n in (
-    "cold_single", "cold_batch", "cold_batch_keep", "cold_single_conc", "warm",
-    "warm_batch_keep"))
+cs, cb, ck, cc, ca, w, wk = (load(n + ".json") for n in (
+    "cold_single", "cold_batch", "cold_batch_keep", "cold_single_conc",
+    "cold_single_conc_alone", "warm", "warm_batch_keep"))
+unary = load("unary_conc.json") if os.path.exists(os.path.join(out, "unary_conc.json")) else None
 B = lambda x: x["batch"]["iops_4k_equiv"]
 rows = [
  ("cold 1 vec/call, 1 thread", cs["single"]["iops_4k_equiv"], "buffered_qd1", 0.8),
  ("  same vs O_DIRECT qd1", cs["single"]["iops_4k_equiv"], "direct_qd1", None),
- ("cold 256 vec/call, client lib as is", B(cb), f"buffered_qd{qd}", 0.8),
+ ("cold 256 vec/call, client lib as is", B(cb), f"buffered_qd{qd}_nohint_same", 0.8),
  ("  same vs buffered qd1", B(cb), "buffered_qd1", None),
- ("  same vs buffered, no fadvise hint", B(cb), f"buffered_qd{qd}_nohint", 0.8),
+ ("  same vs fio with the RANDOM hint", B(cb), f"buffered_qd{qd}", None),
+ ("  same vs no hint, whole file", B(cb), f"buffered_qd{qd}_nohint", None),
  ("  same vs O_DIRECT qd" + qd, B(cb), f"direct_qd{qd}", None),
- ("cold 256 vec/call, --malloc-keep", B(ck), f"buffered_qd{qd}", 0.8),
- ("  same vs buffered, no fadvise hint", B(ck), f"buffered_qd{qd}_nohint", 0.8),
- (f"cold 1 vec/call, {conc} client threads", cc["single"]["iops_4k_equiv"], f"buffered_qd{conc}", 0.8),
+ ("cold 256 vec/call, --malloc-keep", B(ck), f"buffered_qd{qd}_nohint_same", 0.8),
+ (f"cold 1 vec/call, {conc} client threads", cc["single"]["iops_4k_equiv"], f"buffered_qd{conc}_nohint_same", 0.8),
+ ("  same vs fio with the RANDOM hint", cc["single"]["iops_4k_equiv"], f"buffered_qd{conc}", None),
+ ("  one call per request (in flight 0)", ca["single"]["iops_4k_equiv"], f"buffered_qd{conc}_nohint_same", None),
 ]
 print()
-print(f"{'cold: 4 KiB vectors/s vs fio randread IOPS':<40}{'shardcast':>10}{'fio job':>22}{'fio IOPS':>10}{'ratio':>7}  target")
+print(f"{'cold: 4 KiB vectors/s vs fio randread IOPS':<40}{'shardcast':>10}{'fio job':>28}{'fio IOPS':>10}{'ratio':>7}  target")
 for name, v, ref, tgt in rows:
     r = v / fio[ref]
     t = "" if tgt is None else (f">= {tgt}: " + ("met" if r >= tgt else "NOT met"))
-    print(f"{name:<40}{v:>10.0f}{ref:>22}{fio[ref]:>10.0f}{r:>7.2f}  {t}")
+    print(f"{name:<40}{v:>10.0f}{ref:>28}{fio[ref]:>10.0f}{r:>7.2f}  {t}")
 print()
+print(f"fio jobs named *_same read as many blocks as the query phase they are compared with")
+if unary:
+    c = cc["single"]["calls_per_s"]
+    print(f"bare gRPC unary, {conc} threads, empty handler: {unary['calls_per_second']:.0f} calls/s "
+          f"(p50 {unary['p50_us']:.0f} us); {conc} query threads sharing calls: {c:.0f} requests/s "
+          f"({c / unary['calls_per_second']:.2f} x), one call each: "
+          f"{ca['single']['calls_per_s']:.0f} ({ca['single']['calls_per_s'] / unary['calls_per_second']:.2f} x)")
 print(f"cold 1 vec/call:   p50 {cs['single']['p50_us']:.0f} us, p99 {cs['single']['p99_us']:.0f} us "
       f"(fio buffered qd1 p50 {fio_p50['buffered_qd1']:.0f} us)")
 print(f"cold 256 vec/call: p50 {cb['batch']['p50_us']/1e3:.1f} ms/call, {cb['batch']['mb_per_s']:.0f} MB/s; "
@@ -194,7 +235,7 @@ for name, x in (("warm 256 vec/call:", wb), ("  --malloc-keep:  ", wkb)):
     print(f"{name} {x['vectors_per_s']:.0f} vectors/s, {x['calls_per_s']:.0f} calls/s, "
           f"{x['mb_per_s']:.0f} MB/s, p50 {x['p50_us']:.0f} us, p99 {x['p99_us']:.0f} us")
 bad = sum(x[k]["bad_vectors"] + x[k]["errors"] for x, k in
-          ((cs, "single"), (cb, "batch"), (ck, "batch"), (cc, "single"), (w, "single"),
+          ((cs, "single"), (cb, "batch"), (ck, "batch"), (cc, "single"), (ca, "single"), (w, "single"),
            (w, "batch"), (wk, "batch")))
 def disk(n):
     try: return int(open(os.path.join(out, "disk_" + n)).read())
@@ -202,14 +243,16 @@ def disk(n):
 amp = [(f"fio {k}", disk("fio_" + k), v["io_bytes"]) for k, v in sorted(fio_jobs.items())]
 amp += [(n, disk(n), x[k]["payload_bytes"]) for n, x, k in (
     ("cold_single", cs, "single"), ("cold_batch", cb, "batch"),
-    ("cold_batch_keep", ck, "batch"), ("cold_single_conc", cc, "single"))]
+    ("cold_batch_keep", ck, "batch"), ("cold_single_conc", cc, "single"),
+    ("cold_single_conc_alone", ca, "single"))]
 print("device bytes read / bytes requested (readahead amplification): " +
       ", ".join(f"{n} {d / r:.2f}" if r else f"{n} -" for n, d, r in amp))
 print(f"values checked against the synth formula: {'all equal' if bad == 0 else f'{bad} BAD'}")
 print(f"total time {secs} s; load average at the end: {open('/proc/loadavg').read().split()[:3]}")
 json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "fio_iops": fio, "cold_single": cs, "cold_batch": cb,
-           "cold_batch_keep": ck, "cold_single_conc": cc, "warm": w,
+           "fio_qd": int(qd), "conc": int(conc), "fio_iops": fio, "cold_single": cs, "cold_batch": cb,
+           "cold_batch_keep": ck, "cold_single_conc": cc,
+           "cold_single_conc_alone": ca, "unary_conc": unary, "warm": w,
            "warm_batch_keep": wk},
           open(os.path.join(os.path.dirname(out), "results.json"), "w"), indent=1)
 EOF
