@@ -1,5 +1,6 @@
 #include "client/call_combiner.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace shardcast {
@@ -9,6 +10,11 @@ CallCombiner::CallCombiner(Call call, int max_in_flight, int64_t max_vectors)
     : call_(std::move(call)),
       max_in_flight_(max_in_flight),
       max_vectors_(static_cast<size_t>(max_vectors < 1 ? 1 : max_vectors)) {}
+
+size_t CallCombiner::max_vectors() const {
+  MutexLock lock(&mu_);
+  return max_vectors_;
+}
 
 CallCombiner::Counters CallCombiner::counters() const {
   MutexLock lock(&mu_);
@@ -53,14 +59,18 @@ absl::StatusOr<VectorBlock> CallCombiner::GetVectors(
     mu_.Unlock();
     return result;
   }
-  // Queue: join the last group when it has room, else start a new one and
-  // send it when its turn comes.
+  // Queue: join the first queued group of this dataset with room (none of
+  // them has started), else start a new one and send it when its turn
+  // comes.
   std::shared_ptr<Group> group;
-  const bool join = !queue_.empty() && queue_.back()->dataset == dataset &&
-                    queue_.back()->coords.size() + n <= max_vectors_;
-  if (join) {
-    group = queue_.back();
-  } else {
+  for (const std::shared_ptr<Group>& g : queue_) {
+    if (g->dataset == dataset && g->coords.size() + n <= max_vectors_) {
+      group = g;
+      break;
+    }
+  }
+  const bool join = group != nullptr;
+  if (!join) {
     group = std::make_shared<Group>();
     group->dataset = dataset;
     queue_.push_back(group);
@@ -99,6 +109,21 @@ void CallCombiner::RunGroup(Group* group) {
   turn_.SignalAll();
 }
 
+namespace {
+
+// Codes a combined call can fail with because of one member's request (a
+// bad coordinate, a truncated shard under one of them, a reply over the
+// daemon's limit): each member then asks again alone. Other failures (the
+// daemon unreachable, a rejected dataset) are every member's.
+bool MayBeOneRequests(absl::StatusCode code) {
+  return code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kOutOfRange ||
+         code == absl::StatusCode::kResourceExhausted ||
+         code == absl::StatusCode::kDataLoss;
+}
+
+}  // namespace
+
 absl::StatusOr<VectorBlock> CallCombiner::Share(
     const Group& group, size_t offset, const std::string& dataset,
     const std::vector<VectorCoord>& coords) {
@@ -106,26 +131,53 @@ absl::StatusOr<VectorBlock> CallCombiner::Share(
   if (group.members == 1) return group.result;
   const size_t total = group.coords.size();
   const absl::StatusOr<VectorBlock>& r = group.result;
+  if (!r.ok() && !MayBeOneRequests(r.status().code())) return r.status();
   const bool fits = r.ok() && r->shape.size() == 2 && r->shape[0] >= 0 &&
                     static_cast<size_t>(r->shape[0]) == total &&
                     r->shape[1] >= 0 &&
                     r->values.size() ==
                         total * static_cast<size_t>(r->shape[1]);
-  if (!fits) {
-    // The failure may be another member's (a bad coordinate), or the
-    // combined reply too large: this request alone says what is its own.
-    {
-      MutexLock lock(&mu_);
-      ++counters_.retried;
-    }
-    return CallCounted(dataset, coords);
-  }
+  if (!fits) return Retry(group, dataset, coords);
   const size_t d = static_cast<size_t>(r->shape[1]);
+  const absl::Span<const float> rows =
+      r->values.subspan(offset * d, coords.size() * d);
   VectorBlock out;
   out.shape = {static_cast<int64_t>(coords.size()), r->shape[1]};
-  out.values = r->values.subspan(offset * d, coords.size() * d);
-  out.storage = r->storage;
+  if (coords.size() * 4 < total) {
+    // A small share gets its own copy: a view would keep the whole
+    // combined reply alive for as long as the caller keeps its rows.
+    auto own = std::make_shared<std::vector<float>>(rows.begin(), rows.end());
+    out.values = absl::Span<const float>(*own);
+    out.storage = std::move(own);
+  } else {
+    out.values = rows;
+    out.storage = r->storage;
+  }
   return out;
+}
+
+absl::StatusOr<VectorBlock> CallCombiner::Retry(
+    const Group& group, const std::string& dataset,
+    const std::vector<VectorCoord>& coords) {
+  {
+    MutexLock lock(&mu_);
+    ++counters_.retried;
+    ++counters_.calls;
+    ++in_flight_;  // counted, so that new requests queue meanwhile
+    if (group.result.status().code() ==
+            absl::StatusCode::kResourceExhausted &&
+        group.coords.size() > 1) {
+      // Combined replies this large are over the daemon's limit: combine
+      // less from now on.
+      max_vectors_ = std::min(max_vectors_, group.coords.size() / 2);
+    }
+  }
+  // Alone, never combined again: its own rows or its own error.
+  absl::StatusOr<VectorBlock> result = call_(dataset, coords);
+  MutexLock lock(&mu_);
+  --in_flight_;
+  turn_.SignalAll();
+  return result;
 }
 
 }  // namespace internal_client

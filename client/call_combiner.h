@@ -11,9 +11,13 @@
 // calls running queues instead: requests queued together (same dataset, up
 // to `max_vectors` vectors) go out as one call once a running call
 // finishes, started by the first of them, and each caller gets its own rows
-// of the reply as a view (no copy). If a combined call fails, every request
-// in it is sent again on its own, so an error (a bad coordinate's index, a
-// reply over the size limit) is always that request's own.
+// of the reply: a view (no copy) of a share of at least a quarter, a copy of
+// a smaller one (a view would keep the whole reply alive). If a combined
+// call fails in a way one request can cause (a bad coordinate, a truncated
+// shard, a reply over the daemon's limit), every request in it is sent
+// again on its own, so such an error is always that request's own; after a
+// reply over the limit, groups are kept to half that size. Other failures
+// (the daemon unreachable) are every member's.
 //
 // Independent of gRPC: the call itself is a function, so the queueing is
 // tested with a fake (call_combiner_test.cc).
@@ -61,6 +65,9 @@ class CallCombiner {
   Counters counters() const;
   /// Requests waiting in the queue now (for tests).
   int64_t queued() const;
+  /// The most vectors a combined call holds now (max_vectors, halved after
+  /// each combined call the daemon refused as too large).
+  size_t max_vectors() const;
 
  private:
   // Requests queued to go out together.
@@ -83,11 +90,19 @@ class CallCombiner {
                                     const std::string& dataset,
                                     const std::vector<VectorCoord>& coords);
 
+  // Sends a member's request again alone after its group failed.
+  absl::StatusOr<VectorBlock> Retry(const Group& group,
+                                    const std::string& dataset,
+                                    const std::vector<VectorCoord>& coords)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   const Call call_;
   const int max_in_flight_;
-  const size_t max_vectors_;
 
   mutable Mutex mu_;
+  // Most vectors a group holds; halved when a combined call was over the
+  // daemon's reply limit.
+  size_t max_vectors_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<Group>> queue_ ABSL_GUARDED_BY(mu_);
   CondVar turn_;  // a call finished or the queue's head changed

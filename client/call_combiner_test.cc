@@ -19,11 +19,12 @@ namespace shardcast {
 namespace internal_client {
 namespace {
 
-// A fake daemon: row i of a reply is (example, layer, token) of coords[i]
-// as floats (D = 3), prefixed by the dataset's length so a reply for the
-// wrong dataset shows; a negative token is refused like the daemon refuses
-// a bad coordinate, naming its index in that call. Calls can be held at a
-// gate to make later requests queue.
+// A fake daemon: row i of a reply is (dataset name's length, example,
+// layer, token) of coords[i] as floats (D = 4); a negative token is refused
+// like the daemon refuses a bad coordinate, naming its index in that call;
+// a call of more than `max_vectors` is RESOURCE_EXHAUSTED, and with
+// `unavailable` every call fails as if the daemon were gone. Calls can be
+// held at a gate to make later requests queue.
 class FakeDaemon {
  public:
   absl::StatusOr<VectorBlock> Call(const std::string& dataset,
@@ -37,6 +38,11 @@ class FakeDaemon {
     if (delay_us_ > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     }
+    if (unavailable_) return absl::UnavailableError("the daemon is gone");
+    if (coords.size() > max_vectors_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(coords.size(), " vectors; the limit is ", max_vectors_));
+    }
     for (size_t i = 0; i < coords.size(); ++i) {
       if (coords[i].token < 0) {
         return absl::OutOfRangeError(
@@ -45,12 +51,17 @@ class FakeDaemon {
     }
     auto data = std::make_shared<std::vector<float>>();
     for (const VectorCoord& c : coords) {
-      data->push_back(static_cast<float>(dataset.size() * 1000 + c.example));
+      data->push_back(static_cast<float>(dataset.size()));
+      data->push_back(static_cast<float>(c.example));
       data->push_back(static_cast<float>(c.layer));
       data->push_back(static_cast<float>(c.token));
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_.push_back(data);
+    }
     VectorBlock block;
-    block.shape = {static_cast<int64_t>(coords.size()), 3};
+    block.shape = {static_cast<int64_t>(coords.size()), 4};
     block.values = absl::Span<const float>(*data);
     block.storage = data;
     return block;
@@ -77,6 +88,16 @@ class FakeDaemon {
     return sizes_;
   }
   void set_delay_us(int us) { delay_us_ = us; }
+  void set_max_vectors(size_t n) { max_vectors_ = n; }
+  void set_unavailable() { unavailable_ = true; }
+  // Whether `p` points into one of the replies this fake made.
+  bool InAReply(const float* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& r : replies_) {
+      if (p >= r->data() && p < r->data() + r->size()) return true;
+    }
+    return false;
+  }
 
  private:
   std::atomic<int> entered_{0};
@@ -84,7 +105,10 @@ class FakeDaemon {
   std::condition_variable gate_cv_;
   bool open_ = true;
   std::vector<size_t> sizes_;
+  std::vector<std::shared_ptr<std::vector<float>>> replies_;
   int delay_us_ = 0;
+  size_t max_vectors_ = 1 << 20;
+  std::atomic<bool> unavailable_{false};
 };
 
 // Expects `got` to be exactly the rows of `coords` for `dataset`.
@@ -93,14 +117,14 @@ void ExpectRows(const absl::StatusOr<VectorBlock>& got,
                 const std::vector<VectorCoord>& coords) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->shape, (std::vector<int64_t>{
-                            static_cast<int64_t>(coords.size()), 3}));
-  ASSERT_EQ(got->values.size(), coords.size() * 3);
+                            static_cast<int64_t>(coords.size()), 4}));
+  ASSERT_EQ(got->values.size(), coords.size() * 4);
   for (size_t i = 0; i < coords.size(); ++i) {
-    EXPECT_EQ(got->values[i * 3 + 0],
-              static_cast<float>(dataset.size() * 1000 + coords[i].example))
+    EXPECT_EQ(got->values[i * 4 + 0], static_cast<float>(dataset.size()))
         << "row " << i;
-    EXPECT_EQ(got->values[i * 3 + 1], static_cast<float>(coords[i].layer));
-    EXPECT_EQ(got->values[i * 3 + 2], static_cast<float>(coords[i].token));
+    EXPECT_EQ(got->values[i * 4 + 1], static_cast<float>(coords[i].example));
+    EXPECT_EQ(got->values[i * 4 + 2], static_cast<float>(coords[i].layer));
+    EXPECT_EQ(got->values[i * 4 + 3], static_cast<float>(coords[i].token));
   }
 }
 
@@ -217,6 +241,107 @@ TEST(CallCombinerTest, ErrorsNameTheIndexInTheCallersOwnRequest) {
   t_bad.join();
   ASSERT_FALSE(bad_result.ok());
   EXPECT_EQ(bad_result.status().message(), "coordinates[1]: token -3");
+  // The first call, the combined one (4 + 2, failed), each alone again.
+  std::vector<size_t> sizes = fake.sizes();
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 2, 4, 6}));
+}
+
+// A failure no single request causes (the daemon gone) is every member's,
+// and nothing is sent again.
+TEST(CallCombinerTest, AFailureOfTheDaemonIsEveryMembersWithoutRetries) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<absl::StatusOr<VectorBlock>> got(3);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back(
+        [&, t] { got[static_cast<size_t>(t)] = combiner.GetVectors("ds", Coords(t, 2)); });
+    WaitUntil([&] { return combiner.queued() == t + 1; });
+  }
+  fake.set_unavailable();
+  fake.Open();
+  first.join();
+  for (std::thread& t : threads) t.join();
+  for (const auto& r : got) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  }
+  EXPECT_EQ(combiner.counters().retried, 0);
+  EXPECT_EQ(combiner.counters().calls, 2);
+}
+
+// A combined call over the daemon's limit: its requests are sent again
+// alone (and succeed), and later groups are kept to half that size.
+TEST(CallCombinerTest, AReplyOverTheLimitHalvesTheGroups) {
+  FakeDaemon fake;
+  fake.set_max_vectors(5);
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {  // 3 x 3 = 9 vectors > 5
+    threads.emplace_back([&, t] {
+      ExpectRows(combiner.GetVectors("ds", Coords(t, 3)), "ds", Coords(t, 3));
+    });
+    WaitUntil([&] { return combiner.queued() == t + 1; });
+  }
+  fake.Open();
+  first.join();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(combiner.counters().retried, 3);
+  EXPECT_EQ(combiner.max_vectors(), 4u);  // 9 / 2
+}
+
+// A share of under a quarter of the combined reply is a copy (a view would
+// keep the whole reply alive); a larger one is a view.
+TEST(CallCombinerTest, SmallSharesAreCopiesLargeOnesViews) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  absl::StatusOr<VectorBlock> small, large;
+  std::thread t_small([&] { small = combiner.GetVectors("ds", Coords(1, 1)); });
+  WaitUntil([&] { return combiner.queued() == 1; });
+  std::thread t_large([&] { large = combiner.GetVectors("ds", Coords(2, 10)); });
+  WaitUntil([&] { return combiner.queued() == 2; });
+  fake.Open();
+  first.join();
+  t_small.join();
+  t_large.join();
+  ExpectRows(small, "ds", Coords(1, 1));
+  ExpectRows(large, "ds", Coords(2, 10));
+  EXPECT_FALSE(fake.InAReply(small->values.data()));
+  EXPECT_TRUE(fake.InAReply(large->values.data()));
+  EXPECT_EQ(combiner.counters().combined, 2);
+}
+
+// A request joins the first queued group of its dataset with room, not
+// only the last group in the queue.
+TEST(CallCombinerTest, RequestsJoinAnyQueuedGroupOfTheirDataset) {
+  FakeDaemon fake;
+  CallCombiner combiner(fake.AsCall(), 1, 1024);
+  fake.Close();
+  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([&] { return fake.entered() == 1; });
+  std::vector<std::thread> threads;
+  const char* order[] = {"ds", "other", "ds", "other"};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string d = order[t];
+      ExpectRows(combiner.GetVectors(d, Coords(t, 2)), d, Coords(t, 2));
+    });
+    WaitUntil([&] { return combiner.queued() == t + 1; });
+  }
+  fake.Open();
+  first.join();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(combiner.counters().calls, 3);  // the first, "ds" x2, "other" x2
+  EXPECT_EQ(fake.sizes(), (std::vector<size_t>{1, 4, 4}));
 }
 
 // Requests for different datasets never share a call; a queued group holds

@@ -581,7 +581,8 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
 }
 
 // Combined calls over the daemon's reply limit (8 vectors here) fail; their
-// requests are sent again alone and all succeed.
+// requests are sent again alone and all succeed (and later groups are kept
+// smaller).
 TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   daemon_ = StartDaemon({"--max-bytes-per-call", "1024"});
   ClientOptions options;
@@ -592,6 +593,11 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
       client->get(), main_id_, 6, 20, 5, false, &Expected);
   EXPECT_EQ(out.wrong_rows, 0);
   EXPECT_EQ(out.wrong_results, 0);
+  // Some combined call was over the limit (and its requests sent again):
+  // the path under test ran.
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GT(status->calls_failed, 0u);
 }
 
 TEST_F(DaemonTest, SighupRescansTheRoots) {
