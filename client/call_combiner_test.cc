@@ -142,6 +142,16 @@ void WaitUntil(const std::function<bool()>& done) {
   }
 }
 
+// Starts a one-vector request and holds its call at the fake's gate (one
+// call in flight), so that the next requests queue; join the thread after
+// fake->Open().
+std::thread HoldOneCall(FakeDaemon* fake, CallCombiner* combiner) {
+  fake->Close();
+  std::thread first([combiner] { (void)combiner->GetVectors("ds", Coords(9, 1)); });
+  WaitUntil([fake] { return fake->entered() == 1; });
+  return first;
+}
+
 TEST(CallCombinerTest, OneThreadMakesOneCallPerRequest) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 4, 1024);
@@ -191,9 +201,7 @@ TEST(CallCombinerTest, RequestsQueuedTogetherShareOneCall) {
 TEST(CallCombinerTest, AFailedCombinedCallIsRetriedPerRequest) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<VectorCoord> bad = {{1, 12, 0}, {1, 12, -7}};
   absl::StatusOr<VectorBlock> bad_result;
   std::thread t_bad([&] { bad_result = combiner.GetVectors("ds", bad); });
@@ -223,9 +231,7 @@ TEST(CallCombinerTest, AFailedCombinedCallIsRetriedPerRequest) {
 TEST(CallCombinerTest, ErrorsNameTheIndexInTheCallersOwnRequest) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::thread t_good([&] {
     ExpectRows(combiner.GetVectors("ds", Coords(2, 4)), "ds", Coords(2, 4));
   });
@@ -252,9 +258,7 @@ TEST(CallCombinerTest, ErrorsNameTheIndexInTheCallersOwnRequest) {
 TEST(CallCombinerTest, AFailureOfTheDaemonIsEveryMembersWithoutRetries) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<absl::StatusOr<VectorBlock>> got(3);
   std::vector<std::thread> threads;
   for (int t = 0; t < 3; ++t) {
@@ -279,9 +283,7 @@ TEST(CallCombinerTest, AReplyOverTheLimitHalvesTheGroups) {
   FakeDaemon fake;
   fake.set_max_vectors(5);
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<std::thread> threads;
   for (int t = 0; t < 3; ++t) {  // 3 x 3 = 9 vectors > 5
     threads.emplace_back([&, t] {
@@ -301,9 +303,7 @@ TEST(CallCombinerTest, AReplyOverTheLimitHalvesTheGroups) {
 TEST(CallCombinerTest, SmallSharesAreCopiesLargeOnesViews) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   absl::StatusOr<VectorBlock> small, large;
   std::thread t_small([&] { small = combiner.GetVectors("ds", Coords(1, 1)); });
   WaitUntil([&] { return combiner.queued() == 1; });
@@ -325,9 +325,7 @@ TEST(CallCombinerTest, SmallSharesAreCopiesLargeOnesViews) {
 TEST(CallCombinerTest, RequestsJoinAnyQueuedGroupOfTheirDataset) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<std::thread> threads;
   const char* order[] = {"ds", "other", "ds", "other"};
   for (int t = 0; t < 4; ++t) {
@@ -349,9 +347,7 @@ TEST(CallCombinerTest, RequestsJoinAnyQueuedGroupOfTheirDataset) {
 TEST(CallCombinerTest, GroupsKeepToOneDatasetAndTheSizeLimit) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 8);
-  fake.Close();
-  std::thread first([&] { (void)combiner.GetVectors("ds", Coords(9, 1)); });
-  WaitUntil([&] { return fake.entered() == 1; });
+  std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<std::thread> threads;
   auto request = [&](std::string dataset, int64_t example, int n) {
     threads.emplace_back([&combiner, dataset, example, n] {
