@@ -28,13 +28,16 @@ int64_t CallCombiner::queued() const {
   return n;
 }
 
-absl::StatusOr<VectorBlock> CallCombiner::CallCounted(
+absl::StatusOr<VectorBlock> CallCombiner::Send(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  {
-    MutexLock lock(&mu_);
-    ++counters_.calls;
-  }
-  return call_(dataset, coords);
+  ++in_flight_;  // counted, so that new requests queue meanwhile
+  ++counters_.calls;
+  mu_.Unlock();
+  absl::StatusOr<VectorBlock> result = call_(dataset, coords);
+  mu_.Lock();
+  --in_flight_;
+  turn_.SignalAll();
+  return result;
 }
 
 absl::StatusOr<VectorBlock> CallCombiner::GetVectors(
@@ -42,20 +45,10 @@ absl::StatusOr<VectorBlock> CallCombiner::GetVectors(
   const size_t n = coords.size();
   mu_.Lock();
   ++counters_.requests;
-  if (max_in_flight_ < 1) {
-    mu_.Unlock();
-    return CallCounted(dataset, coords);
-  }
-  if (n == 0 || n >= max_vectors_ ||
+  if (max_in_flight_ < 1 || n == 0 || n >= max_vectors_ ||
       (in_flight_ < max_in_flight_ && queue_.empty())) {
     // Its own call, at once, on this thread.
-    ++in_flight_;
-    ++counters_.calls;
-    mu_.Unlock();
-    absl::StatusOr<VectorBlock> result = call_(dataset, coords);
-    mu_.Lock();
-    --in_flight_;
-    turn_.SignalAll();
+    absl::StatusOr<VectorBlock> result = Send(dataset, coords);
     mu_.Unlock();
     return result;
   }
@@ -159,25 +152,16 @@ absl::StatusOr<VectorBlock> CallCombiner::Share(
 absl::StatusOr<VectorBlock> CallCombiner::Retry(
     const Group& group, const std::string& dataset,
     const std::vector<VectorCoord>& coords) {
-  {
-    MutexLock lock(&mu_);
-    ++counters_.retried;
-    ++counters_.calls;
-    ++in_flight_;  // counted, so that new requests queue meanwhile
-    if (group.result.status().code() ==
-            absl::StatusCode::kResourceExhausted &&
-        group.coords.size() > 1) {
-      // Combined replies this large are over the daemon's limit: combine
-      // less from now on.
-      max_vectors_ = std::min(max_vectors_, group.coords.size() / 2);
-    }
+  MutexLock lock(&mu_);
+  ++counters_.retried;
+  if (group.result.status().code() == absl::StatusCode::kResourceExhausted &&
+      group.coords.size() > 1) {
+    // Combined replies this large are over the daemon's limit: combine
+    // less from now on.
+    max_vectors_ = std::min(max_vectors_, group.coords.size() / 2);
   }
   // Alone, never combined again: its own rows or its own error.
-  absl::StatusOr<VectorBlock> result = call_(dataset, coords);
-  MutexLock lock(&mu_);
-  --in_flight_;
-  turn_.SignalAll();
-  return result;
+  return Send(dataset, coords);
 }
 
 }  // namespace internal_client

@@ -80,9 +80,11 @@ class CallCombiner {
     CondVar finished;  // members wait for `done`
   };
 
-  absl::StatusOr<VectorBlock> CallCounted(
-      const std::string& dataset, const std::vector<VectorCoord>& coords)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // One call of its own on this thread, counted as in flight; mu_ is
+  // released while it runs.
+  absl::StatusOr<VectorBlock> Send(const std::string& dataset,
+                                   const std::vector<VectorCoord>& coords)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the group's call (the caller is its first member and holds mu_).
   void RunGroup(Group* group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // This member's rows of a finished group's result.

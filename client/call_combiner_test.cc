@@ -143,13 +143,29 @@ void WaitUntil(const std::function<bool()>& done) {
 }
 
 // Starts a one-vector request and holds its call at the fake's gate (one
-// call in flight), so that the next requests queue; join the thread after
-// fake->Open().
+// call in flight), so that the next requests queue; ReleaseAll joins it.
 std::thread HoldOneCall(FakeDaemon* fake, CallCombiner* combiner) {
   fake->Close();
   std::thread first([combiner] { (void)combiner->GetVectors("ds", Coords(9, 1)); });
   WaitUntil([fake] { return fake->entered() == 1; });
   return first;
+}
+
+// Runs `request` on a new thread of `threads` and waits until it is queued
+// (the order of queueing is the order of these calls).
+void StartQueued(std::vector<std::thread>* threads, CallCombiner* combiner,
+                 std::function<void()> request) {
+  const int64_t before = combiner->queued();
+  threads->emplace_back(std::move(request));
+  WaitUntil([&] { return combiner->queued() == before + 1; });
+}
+
+// Opens the gate and joins the held first call and every queued request.
+void ReleaseAll(FakeDaemon* fake, std::thread* first,
+                std::vector<std::thread>* threads) {
+  fake->Open();
+  first->join();
+  for (std::thread& t : *threads) t.join();
 }
 
 TEST(CallCombinerTest, OneThreadMakesOneCallPerRequest) {
@@ -184,9 +200,7 @@ TEST(CallCombinerTest, RequestsQueuedTogetherShareOneCall) {
     });
   }
   WaitUntil([&] { return combiner.queued() == 5; });
-  fake.Open();
-  first.join();
-  for (std::thread& t : rest) t.join();
+  ReleaseAll(&fake, &first, &rest);
   const CallCombiner::Counters c = combiner.counters();
   EXPECT_EQ(c.requests, 6);
   EXPECT_EQ(c.calls, 2);
@@ -202,22 +216,18 @@ TEST(CallCombinerTest, AFailedCombinedCallIsRetriedPerRequest) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
   std::thread first = HoldOneCall(&fake, &combiner);
-  std::vector<VectorCoord> bad = {{1, 12, 0}, {1, 12, -7}};
+  std::vector<std::thread> threads;
   absl::StatusOr<VectorBlock> bad_result;
-  std::thread t_bad([&] { bad_result = combiner.GetVectors("ds", bad); });
-  WaitUntil([&] { return combiner.queued() == 1; });
-  std::thread t_good1([&] {
+  StartQueued(&threads, &combiner, [&] {
+    bad_result = combiner.GetVectors("ds", {{1, 12, 0}, {1, 12, -7}});
+  });
+  StartQueued(&threads, &combiner, [&] {
     ExpectRows(combiner.GetVectors("ds", Coords(2, 3)), "ds", Coords(2, 3));
   });
-  std::thread t_good2([&] {
+  StartQueued(&threads, &combiner, [&] {
     ExpectRows(combiner.GetVectors("ds", Coords(3, 1)), "ds", Coords(3, 1));
   });
-  WaitUntil([&] { return combiner.queued() == 3; });
-  fake.Open();
-  first.join();
-  t_bad.join();
-  t_good1.join();
-  t_good2.join();
+  ReleaseAll(&fake, &first, &threads);
   ASSERT_FALSE(bad_result.ok());
   EXPECT_EQ(bad_result.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(bad_result.status().message(), "coordinates[1]: token -7");
@@ -232,19 +242,15 @@ TEST(CallCombinerTest, ErrorsNameTheIndexInTheCallersOwnRequest) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
   std::thread first = HoldOneCall(&fake, &combiner);
-  std::thread t_good([&] {
+  std::vector<std::thread> threads;
+  StartQueued(&threads, &combiner, [&] {
     ExpectRows(combiner.GetVectors("ds", Coords(2, 4)), "ds", Coords(2, 4));
   });
-  WaitUntil([&] { return combiner.queued() == 1; });
   absl::StatusOr<VectorBlock> bad_result;
-  std::thread t_bad([&] {
+  StartQueued(&threads, &combiner, [&] {
     bad_result = combiner.GetVectors("ds", {{5, 12, 1}, {5, 12, -3}});
   });
-  WaitUntil([&] { return combiner.queued() == 2; });
-  fake.Open();
-  first.join();
-  t_good.join();
-  t_bad.join();
+  ReleaseAll(&fake, &first, &threads);
   ASSERT_FALSE(bad_result.ok());
   EXPECT_EQ(bad_result.status().message(), "coordinates[1]: token -3");
   // The first call, the combined one (4 + 2, failed), each alone again.
@@ -261,15 +267,13 @@ TEST(CallCombinerTest, AFailureOfTheDaemonIsEveryMembersWithoutRetries) {
   std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<absl::StatusOr<VectorBlock>> got(3);
   std::vector<std::thread> threads;
-  for (int t = 0; t < 3; ++t) {
-    threads.emplace_back(
-        [&, t] { got[static_cast<size_t>(t)] = combiner.GetVectors("ds", Coords(t, 2)); });
-    WaitUntil([&] { return combiner.queued() == t + 1; });
+  for (size_t t = 0; t < got.size(); ++t) {
+    StartQueued(&threads, &combiner, [&, t] {
+      got[t] = combiner.GetVectors("ds", Coords(static_cast<int64_t>(t), 2));
+    });
   }
   fake.set_unavailable();
-  fake.Open();
-  first.join();
-  for (std::thread& t : threads) t.join();
+  ReleaseAll(&fake, &first, &threads);
   for (const auto& r : got) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   }
@@ -286,14 +290,11 @@ TEST(CallCombinerTest, AReplyOverTheLimitHalvesTheGroups) {
   std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<std::thread> threads;
   for (int t = 0; t < 3; ++t) {  // 3 x 3 = 9 vectors > 5
-    threads.emplace_back([&, t] {
+    StartQueued(&threads, &combiner, [&, t] {
       ExpectRows(combiner.GetVectors("ds", Coords(t, 3)), "ds", Coords(t, 3));
     });
-    WaitUntil([&] { return combiner.queued() == t + 1; });
   }
-  fake.Open();
-  first.join();
-  for (std::thread& t : threads) t.join();
+  ReleaseAll(&fake, &first, &threads);
   EXPECT_EQ(combiner.counters().retried, 3);
   EXPECT_EQ(combiner.max_vectors(), 4u);  // 9 / 2
 }
@@ -304,15 +305,13 @@ TEST(CallCombinerTest, SmallSharesAreCopiesLargeOnesViews) {
   FakeDaemon fake;
   CallCombiner combiner(fake.AsCall(), 1, 1024);
   std::thread first = HoldOneCall(&fake, &combiner);
+  std::vector<std::thread> threads;
   absl::StatusOr<VectorBlock> small, large;
-  std::thread t_small([&] { small = combiner.GetVectors("ds", Coords(1, 1)); });
-  WaitUntil([&] { return combiner.queued() == 1; });
-  std::thread t_large([&] { large = combiner.GetVectors("ds", Coords(2, 10)); });
-  WaitUntil([&] { return combiner.queued() == 2; });
-  fake.Open();
-  first.join();
-  t_small.join();
-  t_large.join();
+  StartQueued(&threads, &combiner,
+              [&] { small = combiner.GetVectors("ds", Coords(1, 1)); });
+  StartQueued(&threads, &combiner,
+              [&] { large = combiner.GetVectors("ds", Coords(2, 10)); });
+  ReleaseAll(&fake, &first, &threads);
   ExpectRows(small, "ds", Coords(1, 1));
   ExpectRows(large, "ds", Coords(2, 10));
   EXPECT_FALSE(fake.InAReply(small->values.data()));
@@ -329,15 +328,12 @@ TEST(CallCombinerTest, RequestsJoinAnyQueuedGroupOfTheirDataset) {
   std::vector<std::thread> threads;
   const char* order[] = {"ds", "other", "ds", "other"};
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
+    StartQueued(&threads, &combiner, [&, t] {
       const std::string d = order[t];
       ExpectRows(combiner.GetVectors(d, Coords(t, 2)), d, Coords(t, 2));
     });
-    WaitUntil([&] { return combiner.queued() == t + 1; });
   }
-  fake.Open();
-  first.join();
-  for (std::thread& t : threads) t.join();
+  ReleaseAll(&fake, &first, &threads);
   EXPECT_EQ(combiner.counters().calls, 3);  // the first, "ds" x2, "other" x2
   EXPECT_EQ(fake.sizes(), (std::vector<size_t>{1, 4, 4}));
 }
@@ -349,26 +345,20 @@ TEST(CallCombinerTest, GroupsKeepToOneDatasetAndTheSizeLimit) {
   CallCombiner combiner(fake.AsCall(), 1, 8);
   std::thread first = HoldOneCall(&fake, &combiner);
   std::vector<std::thread> threads;
-  auto request = [&](std::string dataset, int64_t example, int n) {
-    threads.emplace_back([&combiner, dataset, example, n] {
+  auto request = [&combiner](std::string dataset, int64_t example, int n) {
+    return [&combiner, dataset, example, n] {
       ExpectRows(combiner.GetVectors(dataset, Coords(example, n)), dataset,
                  Coords(example, n));
-    });
+    };
   };
-  request("ds", 1, 5);  // group 1
-  WaitUntil([&] { return combiner.queued() == 1; });
-  request("ds", 2, 3);  // fits: group 1 has 8
-  WaitUntil([&] { return combiner.queued() == 2; });
-  request("ds", 3, 1);  // group 1 is full: group 2
-  WaitUntil([&] { return combiner.queued() == 3; });
-  request("other", 4, 2);  // another dataset: group 3
-  WaitUntil([&] { return combiner.queued() == 4; });
-  request("ds", 5, 8);  // max_vectors: not queued, sent at once
+  StartQueued(&threads, &combiner, request("ds", 1, 5));  // group 1
+  StartQueued(&threads, &combiner, request("ds", 2, 3));  // fits: group 1 has 8
+  StartQueued(&threads, &combiner, request("ds", 3, 1));  // group 1 full: group 2
+  StartQueued(&threads, &combiner, request("other", 4, 2));  // group 3
+  threads.emplace_back(request("ds", 5, 8));  // max_vectors: sent at once
   WaitUntil([&] { return fake.entered() == 2; });
   EXPECT_EQ(combiner.queued(), 4);
-  fake.Open();
-  first.join();
-  for (std::thread& t : threads) t.join();
+  ReleaseAll(&fake, &first, &threads);
   std::vector<size_t> sizes = fake.sizes();
   std::sort(sizes.begin(), sizes.end());
   EXPECT_EQ(sizes, (std::vector<size_t>{1, 1, 2, 8, 8}));

@@ -337,7 +337,8 @@ class Client {
   /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or
   /// oversized requests. Concurrent calls may share one call to the
   /// daemon (ClientOptions::query_calls_in_flight); the block then views
-  /// its rows of the shared reply.
+  /// its rows of the shared reply, or holds a copy of them when they are
+  /// under a quarter of it.
   absl::StatusOr<VectorBlock> GetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords);
   /// All tokens of one example: [T, D] of one layer, or [L, T, D] when

@@ -109,8 +109,8 @@ def query_rows(out, query_dir, repeat):
 
     # The deep and concurrent references read as many blocks as the query
     # phase they are compared with, without fio's RANDOM hint (see
-    # run_query_bench.sh).
-    # Results from before those jobs existed: the whole-file references.
+    # run_query_bench.sh); results from before those jobs existed use the
+    # whole-file references.
     qd, conc_n = res.get("fio_qd", 64), res.get("conc", 16)
     same = os.path.exists(os.path.join(fio_dir, f"fio_buffered_qd{qd}_nohint_same.json"))
     qd1_iops, qd1_p50 = fio("buffered_qd1")
