@@ -295,6 +295,60 @@ def test_pin_memory_waits_for_queued_copies_before_the_slot_goes_back(
     assert not pending
 
 
+CUDA = torch.cuda.is_available()
+
+
+def gpu_busy():
+    """Queues some milliseconds of work on the current CUDA stream, so that a
+    copy queued after it runs late."""
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):
+        a = a @ a
+        a = a / a.norm()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the GPU machine)")
+@pytest.mark.parametrize("order", ["shuffled", "ordered"])
+def test_device_cuda_epochs_are_exact_on_a_real_gpu(start_daemon, datasets, order):
+    """device="cuda" on a real GPU: each batch's DMA from its registered slot
+    ends before the slot goes back, while the training stream is busy; the
+    epoch read back from the GPU is numpy's, exactly."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    data = ShardcastDataset(r.id, address=d.address, layer=6, order=order, batch_size=50,
+                            seed=5, slots=2, device="cuda")
+    held = []
+    for item in torch.utils.data.DataLoader(data, batch_size=None):
+        assert item["vectors"].is_cuda
+        gpu_busy()
+        held.append((item, item["vectors"] * 1.0))  # used on the current stream
+    torch.cuda.synchronize()
+    rows = []
+    for i, (item, x) in enumerate(held):
+        rows.extend(item_rows(r, dict(item, vectors=x.cpu()), 6, f"item {i}"))
+    assert_exact_epoch(rows, r.selection(6))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the GPU machine)")
+def test_pin_memory_cuda_copies_are_exact_on_a_real_gpu(start_daemon, datasets):
+    """pin_memory=True on a real GPU: the trainer's .cuda(non_blocking=True)
+    runs behind queued work; the slot goes back only after it, and the epoch
+    read back from the GPU is numpy's, exactly."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    data = ShardcastDataset(r.id, address=d.address, layer=12, batch_size=40, seed=6,
+                            slots=2, pin_memory=True)
+    held = []
+    for item in torch.utils.data.DataLoader(data, batch_size=None):
+        gpu_busy()
+        held.append((item, item["vectors"].cuda(non_blocking=True)))
+    torch.cuda.synchronize()
+    rows = []
+    for i, (item, x) in enumerate(held):
+        rows.extend(item_rows(r, dict(item, vectors=x.cpu()), 12, f"item {i}"))
+    assert_exact_epoch(rows, r.selection(12))
+
+
 def test_a_device_that_is_not_cuda_is_refused_clearly():
     """device= copies to a GPU; a CPU device is an error saying what to use."""
     with pytest.raises(ValueError, match="CUDA device"):
