@@ -42,6 +42,61 @@ def _epoch(reference, stream, layer):
 
 
 # ---------------------------------------------------------------------------
+# Protobuf versions: the package reads replies under protobuf 3.21 to 7.x.
+
+PROTO = REPO_ROOT / "proto" / "shardcast" / "v1" / "shardcast.proto"
+
+
+def repeated_in_proto(message_name):
+    """Names of the fields declared `repeated` in MESSAGE_NAME, read from
+    the .proto text (not from the generated code)."""
+    text = PROTO.read_text()
+    body = re.search(r"^message %s \{(.*?)^\}" % message_name, text, re.S | re.M)
+    assert body, message_name
+    return set(re.findall(r"^\s*repeated\s+\S+\s+(\w+)\s*=", body.group(1), re.M))
+
+
+class Protobuf7Message:
+    """A message as protobuf 7's upb runtime shows it to Python: field
+    descriptors with `is_repeated` and no `label` (protobuf 7.36 removed it;
+    the first run on the GPU machine failed on it)."""
+
+    class Field:
+        def __init__(self, field, repeated):
+            self.name = field.name
+            self.message_type = field.message_type
+            self.is_repeated = field.name in repeated
+
+    def __init__(self, message):
+        self._message = message
+        repeated = repeated_in_proto(message.DESCRIPTOR.name)
+        fields = [self.Field(f, repeated) for f in message.DESCRIPTOR.fields]
+        self.DESCRIPTOR = type("Descriptor", (), {"fields": fields})
+
+    def __getattr__(self, name):
+        value = getattr(self._message, name)
+        field = self._message.DESCRIPTOR.fields_by_name[name]
+        if field.message_type is None:
+            return value
+        if field.name in repeated_in_proto(self._message.DESCRIPTOR.name):
+            return [Protobuf7Message(v) for v in value]
+        return Protobuf7Message(value)
+
+
+def test_replies_are_read_where_field_descriptors_have_no_label():
+    from shardcast._client import _record
+    reply = pb.ListDatasetsResponse(datasets=[
+        pb.DatasetInfo(id="a", layers=[6, 12], warnings=["w"], d_model=64),
+        pb.DatasetInfo(id="b", layers=[], d_model=16)])
+    for message in (reply, Protobuf7Message(reply)):
+        r = _record(message)
+        assert [d.id for d in r.datasets] == ["a", "b"]
+        assert r.datasets[0].layers == [6, 12] and r.datasets[1].layers == []
+        assert r.datasets[0].warnings == ["w"] and r.datasets[0].d_model == 64
+    assert not hasattr(Protobuf7Message(reply).DESCRIPTOR.fields[0], "label")
+
+
+# ---------------------------------------------------------------------------
 # Admin and Query calls.
 
 def test_datasets_and_describe_match_the_metadata_files(start_daemon, datasets):

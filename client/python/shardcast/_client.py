@@ -67,17 +67,25 @@ class Error(Exception):
         return cls(code.name if code is not None else "UNKNOWN", details or "")
 
 
+def _repeated(field):
+    """Whether a field is repeated: protobuf 7 has `is_repeated` and no
+    longer `label`; 3.21 has only `label`."""
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
 def _record(message):
     """A protobuf message as a plain object with the same field names."""
     out = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
         if field.message_type is not None:
-            if field.label == field.LABEL_REPEATED:
+            if _repeated(field):
                 value = [_record(v) for v in value]
             else:
                 value = _record(value)
-        elif field.label == field.LABEL_REPEATED:
+        elif _repeated(field):
             value = list(value)
         out[field.name] = value
     return types.SimpleNamespace(**out)

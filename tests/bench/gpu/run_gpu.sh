@@ -12,7 +12,7 @@
 #   bash tests/bench/gpu/run_gpu.sh cold     # issue 11, ~6 min: run_matrix.sh STEPS=cold
 #   bash tests/bench/gpu/run_gpu.sh warm     # issue 11, ~4 min: STEPS="warm query"
 #   bash tests/bench/gpu/run_gpu.sh all      # feed, warm, cold in one call, each under its own
-#        limit (FEED_S 190, WARM_S 150, COLD_S 225 seconds; MAX_S 10, REPEAT 1 unless set), for a lease
+#        limit (FEED_S 150, WARM_S 240, COLD_S 170 seconds; MAX_S 10, REPEAT 1 unless set), for a lease
 #        too short for three machines; $OUT/gpu.tar.gz holds every phase's files (remade
 #        after each phase, so a phase cut off at its limit leaves the others' results)
 #
@@ -33,7 +33,7 @@ if [[ $PHASE == all ]]; then
   FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
   export OUT=$(mktemp -d "$W/out.XXXXXX") MAX_S=${MAX_S:-10} REPEAT=${REPEAT:-1}
   rc=0
-  for ph in feed:${FEED_S:-190} warm:${WARM_S:-150} cold:${COLD_S:-225}; do
+  for ph in feed:${FEED_S:-150} warm:${WARM_S:-240} cold:${COLD_S:-170}; do
     echo "==== phase ${ph%%:*} (limit ${ph##*:} s), $(date -u +%T)"
     timeout -k 5 "${ph##*:}" bash "${BASH_SOURCE[0]}" "${ph%%:*}" || { echo "==== phase ${ph%%:*}: exit $?"; rc=1; }
     tar czf "$FINAL/gpu.tar.gz" -C "$OUT" .
@@ -92,7 +92,8 @@ feed)
     echo "== device=\"cuda\" and pin_memory epochs read back from the GPU against numpy"
     SHARDCAST_BIN=$BIN/shardcast SHARDCASTD_BIN=$BIN/shardcastd PYTHONPATH=$R/client/python \
       timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$R/tests/python/test_package_torch.py" \
-      -k real_gpu 2>&1 | tail -15 | tee "$O/pytest_cuda.txt"
+      -k real_gpu > "$O/pytest_cuda.txt" 2>&1
+    grep -E "^E |^(FAILED|ERROR) | passed| failed" "$O/pytest_cuda.txt" | head -30
   fi
   # Warm the page cache once (the reference figures were warm), then measure.
   cat "$ds"/acts*.bin > /dev/null

@@ -156,10 +156,15 @@ first_batch_s = None
 starved_s = 0.0
 while True:
     tw = time.perf_counter()
-    try:
-        x = q.get(timeout=120)
-    except queue.Empty:
-        fed_err.append("no batch for 120 s")
+    x = None
+    while x is None and not fed_err and time.perf_counter() - tw < 120:
+        try:  # a feeder that failed ends the run at once, not after the timeout
+            x = q.get(timeout=0.2)
+        except queue.Empty:
+            pass
+    if x is None:
+        if not fed_err:
+            fed_err.append("no batch for 120 s")
         break
     waited = time.perf_counter() - tw
     if first_batch_s is None:
