@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<ShmService>> ShmService::Start(
   if (efd < 0) return ErrnoToStatus(errno, "eventfd");
   s->stop_fd_.Reset(efd);
   ShmService* raw = s.get();
+  s->populate_thread_ = std::thread([raw] { raw->PopulateLoop(); });
   s->thread_ = std::thread([raw] { raw->Loop(); });
   LogInfo("shared memory for local clients on ", path);
   return s;
@@ -103,7 +104,37 @@ ShmService::~ShmService() {
   ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
   (void)n;
   if (thread_.joinable()) thread_.join();
+  {
+    MutexLock lock(&populate_mu_);
+    populate_stop_ = true;
+    to_populate_.clear();
+  }
+  populate_ready_.SignalAll();
+  if (populate_thread_.joinable()) populate_thread_.join();
   ::unlink(options_.path.c_str());
+}
+
+void ShmService::PopulateLoop() {
+  while (true) {
+    std::shared_ptr<ShmRegion> region;  // mapped while it is populated
+    {
+      MutexLock lock(&populate_mu_);
+      populate_ready_.Wait(&populate_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                              populate_mu_) {
+        return populate_stop_ || !to_populate_.empty();
+      });
+      if (populate_stop_) return;
+      region = std::move(to_populate_.front());
+      to_populate_.pop_front();
+    }
+    if (options_.populate) {
+      options_.populate(region->base_, region->bytes());
+    } else if (::madvise(region->base_, region->bytes(),
+                         MADV_POPULATE_WRITE) != 0) {
+      // Kernels before 5.14: the stream's first writes fault the pages in.
+      LogDebug("shared memory: populate the region: ", std::strerror(errno));
+    }
+  }
 }
 
 absl::StatusOr<std::shared_ptr<ShmRegion>> ShmService::Attach(
@@ -183,10 +214,10 @@ absl::StatusOr<std::shared_ptr<ShmRegion>> ShmService::MakeRegion(
               F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return ErrnoToStatus(errno, "seal the shared-memory region");
   }
-  // Populated now, once: the first touch of fresh memory is slow (README.md,
-  // "Measuring"), and batches should not pay it.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  // Not populated here: the populate thread does it once the reply is out
+  // (the header says why).
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd.get(), 0);
   if (p == MAP_FAILED) return ErrnoToStatus(errno, "map the region");
   region->base_ = static_cast<char*>(p);
   region->slots_ = slots;
@@ -251,6 +282,13 @@ void ShmService::Serve(Connection& c) {
   LogDebug("shared memory: region of ", reply.slots, " x ",
            HumanSize(reply.slot_bytes), " for pid ", c.pid, " (uid ", c.uid,
            ")");
+  // The first touch of fresh memory is slow (README.md, "Measuring"), and
+  // batches should not pay it.
+  {
+    MutexLock lock(&populate_mu_);
+    to_populate_.push_back(*region);
+  }
+  populate_ready_.Signal();
 }
 
 void ShmService::Loop() {

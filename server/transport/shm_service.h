@@ -10,7 +10,10 @@
 // never make the daemon's writes fault. Only the receiving process holds
 // the descriptor and the token. A region is usable while its connection is
 // open; its memory goes once the connection has closed and no stream uses
-// it. Region memory is leased from the reservoir (Engine::LeaseMemory), so
+// it. Its pages are faulted in after the reply, on a thread of their own:
+// populating fresh memory takes ~25 ms per 64 MiB, and trainers launched
+// together must not reach the stream call one after another behind it (they
+// would miss the shared scan's start and read its first blocks again). Region memory is leased from the reservoir (Engine::LeaseMemory), so
 // the daemon's memory bound covers it. The daemon only ever writes into a
 // region, at slot offsets it computed itself.
 #ifndef SHARDCAST_SERVER_TRANSPORT_SHM_SERVICE_H_
@@ -20,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -75,6 +79,11 @@ struct ShmServiceOptions {
   /// Whether a peer (uid, primary gid) may have regions; empty: anyone the
   /// socket's mode lets in. The daemon passes its --allow-user/-group.
   std::function<bool(uid_t, gid_t)> admits;
+  /// Faults in a region's pages once its reply is sent (on the service's
+  /// populate thread, while the stream may already write into it, so it
+  /// must not change the contents). Default: MADV_POPULATE_WRITE; tests
+  /// replace it.
+  std::function<void(char* base, uint64_t bytes)> populate;
 };
 
 /// Figures for status pages.
@@ -110,6 +119,8 @@ class ShmService {
   ShmService(ShmServiceOptions options, Engine* engine)
       : options_(std::move(options)), engine_(engine) {}
   void Loop();
+  // Populates the regions queued by Serve, one after another.
+  void PopulateLoop() ABSL_LOCKS_EXCLUDED(populate_mu_);
   // Answers one RegionRequest on `c`; the region is registered on success.
   void Serve(Connection& c) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<ShmRegion>> MakeRegion(uint32_t slots,
@@ -121,6 +132,13 @@ class ShmService {
   UniqueFd listen_fd_;
   UniqueFd stop_fd_;  // eventfd: the destructor wakes the loop
   std::thread thread_;
+  std::thread populate_thread_;
+
+  Mutex populate_mu_;
+  CondVar populate_ready_;
+  std::deque<std::shared_ptr<ShmRegion>> to_populate_
+      ABSL_GUARDED_BY(populate_mu_);
+  bool populate_stop_ ABSL_GUARDED_BY(populate_mu_) = false;
 
   mutable Mutex mu_;
   // Attachable regions by token (erased when their connection closes;
