@@ -26,7 +26,7 @@
 #   fio randread bs=4k, buffered (like the daemon) and O_DIRECT, at iodepth 1
 #   (psync) and $FIO_QD (io_uring), buffered at $CONC (io_uring), buffered at
 #   $FIO_QD without fio's default fadvise(RANDOM) hint (the daemon gives none,
-#   and on these VMs the hint halves buffered io_uring IOPS); query_bench
+#   and the hint changes buffered io_uring IOPS here by 10-50 %); query_bench
 #   cold: 1 vector per call; 256 per call, with the client library as is and
 #   with --malloc-keep (see query_bench --help); 1 per call from $CONC
 #   threads sharing calls (the client library's default) and with one call
