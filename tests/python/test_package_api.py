@@ -8,6 +8,7 @@ Expected values come from numpy reads of the dataset files
 package or the daemon.
 """
 
+import functools
 import importlib.util
 import re
 import shutil
@@ -47,6 +48,7 @@ def _epoch(reference, stream, layer):
 PROTO = REPO_ROOT / "proto" / "shardcast" / "v1" / "shardcast.proto"
 
 
+@functools.lru_cache(maxsize=None)
 def repeated_in_proto(message_name):
     """Names of the fields declared `repeated` in MESSAGE_NAME, read from
     the .proto text (not from the generated code)."""
@@ -70,15 +72,15 @@ class Protobuf7Message:
     def __init__(self, message):
         self._message = message
         repeated = repeated_in_proto(message.DESCRIPTOR.name)
-        fields = [self.Field(f, repeated) for f in message.DESCRIPTOR.fields]
-        self.DESCRIPTOR = type("Descriptor", (), {"fields": fields})
+        self._fields = {f.name: self.Field(f, repeated) for f in message.DESCRIPTOR.fields}
+        self.DESCRIPTOR = type("Descriptor", (), {"fields": list(self._fields.values())})
 
     def __getattr__(self, name):
         value = getattr(self._message, name)
-        field = self._message.DESCRIPTOR.fields_by_name[name]
+        field = self._fields[name]
         if field.message_type is None:
             return value
-        if field.name in repeated_in_proto(self._message.DESCRIPTOR.name):
+        if field.is_repeated:
             return [Protobuf7Message(v) for v in value]
         return Protobuf7Message(value)
 

@@ -307,6 +307,16 @@ def gpu_busy():
         a = a / a.norm()
 
 
+def rows_read_back(r, held, layer):
+    """Rows of (item, GPU tensor) pairs once the GPU is done, each checked
+    against numpy after copying it back."""
+    torch.cuda.synchronize()
+    rows = []
+    for i, (item, x) in enumerate(held):
+        rows.extend(item_rows(r, dict(item, vectors=x.cpu()), layer, f"item {i}"))
+    return rows
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the GPU machine)")
 @pytest.mark.parametrize("order", ["shuffled", "ordered"])
 def test_device_cuda_epochs_are_exact_on_a_real_gpu(start_daemon, datasets, order):
@@ -322,11 +332,7 @@ def test_device_cuda_epochs_are_exact_on_a_real_gpu(start_daemon, datasets, orde
         assert item["vectors"].is_cuda
         gpu_busy()
         held.append((item, item["vectors"] * 1.0))  # used on the current stream
-    torch.cuda.synchronize()
-    rows = []
-    for i, (item, x) in enumerate(held):
-        rows.extend(item_rows(r, dict(item, vectors=x.cpu()), 6, f"item {i}"))
-    assert_exact_epoch(rows, r.selection(6))
+    assert_exact_epoch(rows_read_back(r, held, 6), r.selection(6))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the GPU machine)")
@@ -342,11 +348,7 @@ def test_pin_memory_cuda_copies_are_exact_on_a_real_gpu(start_daemon, datasets):
     for item in torch.utils.data.DataLoader(data, batch_size=None):
         gpu_busy()
         held.append((item, item["vectors"].cuda(non_blocking=True)))
-    torch.cuda.synchronize()
-    rows = []
-    for i, (item, x) in enumerate(held):
-        rows.extend(item_rows(r, dict(item, vectors=x.cpu()), 12, f"item {i}"))
-    assert_exact_epoch(rows, r.selection(12))
+    assert_exact_epoch(rows_read_back(r, held, 12), r.selection(12))
 
 
 def test_a_device_that_is_not_cuda_is_refused_clearly():

@@ -40,9 +40,9 @@ if [[ $PHASE == all ]]; then
   rc=0
   declare -A LIMIT=([feed]=${FEED_S:-150} [warm]=${WARM_S:-240} [cold]=${COLD_S:-170})
   for ph in ${PHASES:-feed warm cold}; do
-    ph=$ph:${LIMIT[$ph]:?PHASES: feed, warm, cold}
-    echo "==== phase ${ph%%:*} (limit ${ph##*:} s), $(date -u +%T)"
-    timeout -k 5 "${ph##*:}" bash "${BASH_SOURCE[0]}" "${ph%%:*}" || { echo "==== phase ${ph%%:*}: exit $?"; rc=1; }
+    limit=${LIMIT[$ph]:?PHASES: feed, warm, cold}
+    echo "==== phase $ph (limit $limit s), $(date -u +%T)"
+    timeout -k 5 "$limit" bash "${BASH_SOURCE[0]}" "$ph" || { echo "==== phase $ph: exit $?"; rc=1; }
     tar czf "$FINAL/gpu.tar.gz" -C "$OUT" .
     # The matrix's raw results too (matrix_report.py remakes its table from them).
     M=$W/bench/matrix
@@ -165,5 +165,5 @@ cold|warm)
   cp "$W"/bench/matrix/matrix.json "$W"/bench/matrix/matrix.png "$O"/ 2>/dev/null
   exit "$rc"
   ;;
-*) echo "run_gpu.sh: phase feed, cold or warm" >&2; exit 2 ;;
+*) echo "run_gpu.sh: phase feed, cold, warm or all" >&2; exit 2 ;;
 esac
