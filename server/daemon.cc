@@ -302,6 +302,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     local.mode = kSocketMode;
     local.group = options.socket_group;
     local.max_connections = static_cast<int>(options.max_connections);
+    local.send_buffer_bytes = static_cast<int>(options.socket_send_buffer);
     ASSIGN_OR_RETURN(local.allow_uids, ResolveUsers(options.allow_users));
     ASSIGN_OR_RETURN(local.allow_gids, ResolveGroups(options.allow_groups));
     ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));

@@ -53,6 +53,11 @@ const std::vector<DaemonOption>& Table() {
       {"max-connections", "max_connections", "N",
        "local connections at once; more are answered RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_connections, 1, 1 << 20},
+      {"socket-send-buffer", "socket_send_buffer", "N",
+       "send buffer of each local connection (SO_SNDBUF, capped by "
+       "net.core.wmem_max; 0: the kernel's default, ~208 KiB): larger "
+       "buffers wake the daemon less often per batch message",
+       OptionKind::kBytes, &O::socket_send_buffer, 0, 1 << 30},
       {"allow-user", "allow_users", "USER",
        "only these users (and --allow-group) may use the Unix socket, "
        "beyond its mode; repeat for more",

@@ -43,6 +43,9 @@ struct DaemonOptions {
   std::string token_key_file;
   /// Local connections admitted at once (more: RESOURCE_EXHAUSTED).
   int64_t max_connections = 1024;
+  /// Send buffer asked for each local connection (SO_SNDBUF; the kernel
+  /// caps it at net.core.wmem_max); 0 keeps the kernel's default.
+  uint64_t socket_send_buffer = 4ull << 20;
   /// Non-empty: only these users / groups (names or ids) may use the Unix
   /// socket, beyond its mode; root and the daemon's user always may.
   std::vector<std::string> allow_users;
