@@ -46,9 +46,11 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build}
 BENCH_DIR=${BENCH_DIR:-/tmp/shardcast-bench}
 EXAMPLES=${EXAMPLES:-2560}
-# Warm epochs per trainer: at least 2.7 GB each; the bare clients read as
-# many 16 MiB messages (one epoch of one layer = EXAMPLES * 256 vectors).
-WARM_EPOCHS=$(( EXAMPLES >= 2560 ? 1 : (2560 + EXAMPLES - 1) / EXAMPLES ))
+# Warm epochs per trainer: at least 8 GB each (~3 s for one trainer on the
+# 2-core VM: one epoch of 2.7 GB lasted ~1 s, of which the scan's 100 ms
+# start delay and the stream's start were a tenth); the bare clients read
+# as many 16 MiB messages (one epoch of one layer = EXAMPLES * 256 vectors).
+WARM_EPOCHS=${WARM_EPOCHS:-$(( (3 * 2560 + EXAMPLES - 1) / EXAMPLES ))}
 BARE_MESSAGES=$(( WARM_EPOCHS * EXAMPLES / 16 ))
 TRAINERS=${TRAINERS:-1 4 8}
 REPEAT=${REPEAT:-3}
