@@ -19,7 +19,8 @@
 #        each: on the GPU machine their epochs are short (1.35 s; the scan's 100 ms start
 #        and its ramp are 7-15 % of one), so for the cold rows use the 6000, e.g.
 #          PHASES=cold COLD_S=560 EXAMPLES=6000 bash tests/bench/gpu/run_gpu.sh all  (~7 min)
-#          PHASES=warm WARM_S=400 REPEAT=3 EXAMPLES=6000 bash tests/bench/gpu/run_gpu.sh all  (~5 min)
+#          PHASES=warm WARM_S=400 REPEAT=3 EXAMPLES=6000 WARM_EPOCHS=1 bash tests/bench/gpu/run_gpu.sh all  (~5 min)
+#        (WARM_EPOCHS=1: an epoch of 6.3 GB lasts >= 2.4 s there; run_matrix.sh would take 2)
 #
 # Locally (no GPU), DEVICE=cpu EX_FEED=64 MAX_S=2 runs the feed phase as a smoke test
 # with build/ instead of .dev/. The daemon runs with its defaults throughout.
