@@ -224,9 +224,8 @@ void LocalAcceptor::SetSendBuffer(int fd) {
   if (asked > 0 &&
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &asked, sizeof(asked)) != 0 &&
       !send_buffer_noted_.exchange(true)) {
-    LogWarning("local connections: SO_SNDBUF ", asked,
-               " failed: ", std::strerror(errno), "; the kernel's default stays");
-    return;
+    LogWarning("local connections: SO_SNDBUF ", asked, " failed (",
+               std::strerror(errno), "); the kernel's default stays");
   }
   int got = 0;
   socklen_t len = sizeof(got);

@@ -62,11 +62,11 @@ struct LocalAcceptorOptions {
 };
 
 struct LocalAcceptorFigures {
-  int64_t connections = 0;       // admitted and still open
-  int64_t refused_busy = 0;      // over the cap, since start
-  int64_t refused_denied = 0;    // not an allowed uid/gid, since start
-  int64_t accept_failures = 0;   // accept() errors (EMFILE...), since start
-  bool starved = false;          // accept() is failing right now
+  int64_t connections = 0;      // admitted and still open
+  int64_t refused_busy = 0;     // over the cap, since start
+  int64_t refused_denied = 0;   // not an allowed uid/gid, since start
+  int64_t accept_failures = 0;  // accept() errors (EMFILE...), since start
+  bool starved = false;         // accept() is failing right now
   /// SO_SNDBUF of the last connection accepted, as the kernel reports it
   /// (twice the size in use: socket(7)); 0 before the first.
   int64_t send_buffer_bytes = 0;

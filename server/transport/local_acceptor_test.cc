@@ -61,9 +61,9 @@ class LocalAcceptorTest : public ::testing::Test {
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, options.path.c_str(),
                  sizeof(addr.sun_path) - 1);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<struct sockaddr*>(&addr),
-                        sizeof(addr)),
-              0)
+    EXPECT_EQ(
+        ::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)),
+        0)
         << std::strerror(errno);
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(30);
