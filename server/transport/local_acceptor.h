@@ -55,9 +55,9 @@ struct LocalAcceptorOptions {
   std::vector<gid_t> allow_gids;
   /// SO_SNDBUF asked for each accepted connection; 0: the kernel's default.
   /// With the default ~208 KiB a 16 MiB batch message crosses the socket in
-  /// ~80 rounds of fill, wait for the reader, wake up; with 4 MiB the warm
-  /// gRPC stream of one trainer on the 2-core VM went from 0.66-0.72 to
-  /// 0.75-0.87 x the bare gRPC loop (tests/bench/RESULTS.md).
+  /// ~80 rounds of fill, wait for the reader, wake up; with 4 MiB warm gRPC
+  /// streams of 4 and 8 trainers on the 2-core VM went from 0.74-0.78 to
+  /// 0.83-0.92 x the bare gRPC loop (tests/bench/RESULTS.md).
   int send_buffer_bytes = 4 << 20;
 };
 

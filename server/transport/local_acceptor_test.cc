@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "common/file.h"
 #include "common/testing.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
@@ -37,7 +39,7 @@ class LocalAcceptorTest : public ::testing::Test {
   }
   void TearDown() override {
     if (acceptor_ != nullptr) acceptor_->Stop();
-    for (int fd : clients_) ::close(fd);
+    clients_.clear();
     acceptor_.reset();
     server_->Shutdown(std::chrono::system_clock::now());
   }
@@ -54,9 +56,9 @@ class LocalAcceptorTest : public ::testing::Test {
     if (!a.ok()) return -1;
     acceptor_ = std::move(*a);
     acceptor_->Serve(server_.get());
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    clients_.emplace_back(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const int fd = clients_.back().get();
     EXPECT_GE(fd, 0);
-    clients_.push_back(fd);
     struct sockaddr_un addr = {};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, options.path.c_str(),
@@ -78,7 +80,7 @@ class LocalAcceptorTest : public ::testing::Test {
   grpc::CallbackGenericService generic_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<LocalAcceptor> acceptor_;
-  std::vector<int> clients_;
+  std::vector<UniqueFd> clients_;
 };
 
 TEST_F(LocalAcceptorTest, AConnectionGetsTheSendBufferAskedUpToTheKernelCap) {
