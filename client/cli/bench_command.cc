@@ -258,26 +258,14 @@ struct FioRun {
   uint64_t block_bytes = 0;
 };
 
-/// One fio sequential read over all `files` (fio's file list, ':' escaped):
-/// psync through the page cache, or (`direct`) io_uring with 32 reads in
-/// flight and O_DIRECT, whichever the disk prefers is the reference.
-/// --size is left out on purpose: fio then reads every file whole, while
-/// --size splits the total evenly across the files and fio would extend (that
-/// is, write to) a shard smaller than its share. --readonly makes sure fio
-/// never writes to the dataset.
-absl::StatusOr<FioRun> RunFio(
-    const std::string& fio,
-    const std::vector<std::pair<std::string, uint64_t>>& files, bool direct) {
-  std::vector<std::string> escaped;
-  for (const auto& [path, size] : files) {
-    escaped.push_back(absl::StrReplaceAll(path, {{":", "\\:"}}));
-  }
-  // 1 MiB reads, or smaller ones for shards under 1 MiB (fio reads each file
-  // in whole blocks, so it would skip such a file entirely).
-  uint64_t smallest = UINT64_MAX;
-  for (const auto& [path, size] : files) smallest = std::min(smallest, size);
-  uint64_t block = 1 << 20;
-  while (block > 4096 && block > smallest) block >>= 1;
+/// fio's limit on one option's value (its filename list included).
+constexpr size_t kFioMaxOptionLength = 4096;
+
+/// One fio run over `names` (':'-joined, relative to `directory`); see RunFio.
+absl::StatusOr<FioRun> RunFioOnce(const std::string& fio,
+                                  const std::string& directory,
+                                  const std::vector<std::string>& names,
+                                  uint64_t block, bool direct) {
   const std::vector<std::string> argv = {
       "fio",
       "--name=seq",
@@ -287,7 +275,8 @@ absl::StatusOr<FioRun> RunFio(
       direct ? "--direct=1" : "--direct=0",
       direct ? "--iodepth=32" : "--iodepth=1",
       "--readonly",
-      absl::StrCat("--filename=", absl::StrJoin(escaped, ":")),
+      absl::StrCat("--directory=", directory),
+      absl::StrCat("--filename=", absl::StrJoin(names, ":")),
       "--output-format=json"};
   ASSIGN_OR_RETURN(ChildProcess child, Spawn(fio, argv));
   std::vector<ChildProcess> one;
@@ -315,11 +304,81 @@ absl::StatusOr<FioRun> RunFio(
   run.io_bytes = j["jobs"][0]["read"].value("io_bytes", uint64_t{0});
   run.block_bytes = block;
   if (run.io_bytes == 0 || run.bytes_per_second <= 0) {
-    return absl::InternalError(absl::StrCat(
-        "fio read ", run.io_bytes, " bytes at ", run.bytes_per_second,
-        " bytes/s from ", files.size(), " files (", block, "-byte reads)"));
+    return absl::InternalError(
+        absl::StrCat("fio read ", run.io_bytes, " bytes at ",
+                     run.bytes_per_second, " bytes/s from ", names.size(),
+                     " files in ", directory, " (", block, "-byte reads)"));
   }
   return run;
+}
+
+/// One fio sequential read over all `files` (all in one directory, as
+/// ShardFiles lists them): psync through the page cache, or (`direct`)
+/// io_uring with 32 reads in flight and O_DIRECT, whichever the disk prefers
+/// is the reference. fio takes the names relative to --directory, ':'-joined
+/// (and ':' escaped); a list longer than fio's 4096-character limit on an
+/// option is read in consecutive runs, one after the other, and the rate is
+/// all their bytes over all their time.
+/// --size is left out on purpose: fio then reads every file whole, while
+/// --size splits the total evenly across the files and fio would extend (that
+/// is, write to) a shard smaller than its share. --readonly makes sure fio
+/// never writes to the dataset.
+absl::StatusOr<FioRun> RunFio(
+    const std::string& fio,
+    const std::vector<std::pair<std::string, uint64_t>>& files, bool direct) {
+  auto escape = [](absl::string_view s) {
+    return absl::StrReplaceAll(s, {{":", "\\:"}});
+  };
+  // A path's directory and name (ShardFiles joins them with '/').
+  auto split = [](const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos
+               ? std::pair<std::string, std::string>(".", path)
+               : std::pair<std::string, std::string>(
+                     slash == 0 ? "/" : path.substr(0, slash),
+                     path.substr(slash + 1));
+  };
+  const std::string directory =
+      files.empty() ? "." : split(files.front().first).first;
+  std::vector<std::vector<std::string>> groups(1);
+  size_t length = 0;
+  for (const auto& [path, size] : files) {
+    auto [dir, base] = split(path);
+    if (dir != directory) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fio's files must share one directory: ", path,
+                       " is not in ", directory));
+    }
+    std::string name = escape(base);
+    if (name.size() + 1 >= kFioMaxOptionLength) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("file name too long for fio: ", path));
+    }
+    if (!groups.back().empty() &&
+        length + 1 + name.size() >= kFioMaxOptionLength) {
+      groups.emplace_back();
+      length = 0;
+    }
+    length += (groups.back().empty() ? 0 : 1) + name.size();
+    groups.back().push_back(std::move(name));
+  }
+  // 1 MiB reads, or smaller ones for shards under 1 MiB (fio reads each file
+  // in whole blocks, so it would skip such a file entirely).
+  uint64_t smallest = UINT64_MAX;
+  for (const auto& [path, size] : files) smallest = std::min(smallest, size);
+  uint64_t block = 1 << 20;
+  while (block > 4096 && block > smallest) block >>= 1;
+  FioRun total;
+  total.block_bytes = block;
+  double seconds = 0;
+  for (const std::vector<std::string>& names : groups) {
+    ASSIGN_OR_RETURN(FioRun run,
+                     RunFioOnce(fio, escape(directory), names, block, direct));
+    total.io_bytes += run.io_bytes;
+    seconds += static_cast<double>(run.io_bytes) / run.bytes_per_second;
+  }
+  total.bytes_per_second = static_cast<double>(total.io_bytes) / seconds;
+  return total;
 }
 
 // ------------------------------------------------------------ the command
