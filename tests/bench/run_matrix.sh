@@ -36,7 +36,8 @@
 # for subscribers and the first window's reads are a sixth of what is
 # measured, and 8 trainers started on 2 cores do not overlap), TRAINERS ("1 4 8"), REPEAT (3),
 # STEPS ("cold warm query"; a subset re-runs those steps and reports with the
-# other steps' results of the last run), PY (/usr/bin/python3, else the
+# other steps' results of the last run), COLD_ROWS (all; else a list of
+# selection:trainers rows, e.g. "l1of2:1 l1of2-alltok:8"), PY (/usr/bin/python3, else the
 # python3 on PATH; the report needs only the standard library). Needs fio and vmtouch
 # (bash deploy/install-deps.sh) and the bench binaries (query_bench,
 # grpc_stream_bench; built with the project).
@@ -125,6 +126,8 @@ selections=("l1of2:$DS2:--layer 12 --tokens content"
 has cold && for sel in "${selections[@]}"; do
   IFS=: read -r sname sds sargs <<<"$sel"
   for n in $TRAINERS; do
+    # COLD_ROWS ("l1of2:1 l1of2-alltok:8"): only these rows (a short lease).
+    [[ -n ${COLD_ROWS:-} && " $COLD_ROWS " != *" $sname:$n "* ]] && continue
     echo "== cold $sname, $n trainer(s)"
     # shellcheck disable=SC2086
     bench "cold-$sname-$n" "$sds" "$n" --cold $sargs
