@@ -292,8 +292,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                      ReadTokenKey(options.token_key_file));
   }
   ASSIGN_OR_RETURN(d->engine, Engine::Start(std::move(engine_options)));
-  d->pool =
-      std::make_unique<WorkerPool>(static_cast<int>(options.query_threads));
+  d->pool = std::make_unique<WorkerPool>(options.QueryThreads());
   // Idle batch buffers kept for reuse: a few per stream at most.
   d->buffers = std::make_unique<BufferPool>(256ull << 20);
   if (!options.unix_socket.empty()) {

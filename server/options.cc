@@ -1,6 +1,10 @@
 #include "server/options.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -78,8 +82,9 @@ const std::vector<DaemonOption>& Table() {
        "override it)",
        OptionKind::kConfigFile, std::monostate()},
       {"query-threads", "query_threads", "N",
-       "threads for blocking work: query reads, stream batch assembly",
-       OptionKind::kInteger, &O::query_threads, 1, 1024},
+       "threads for blocking work: query reads, stream batch assembly and "
+       "writes (-1, the default: half the cores, at least 4, at most 16)",
+       OptionKind::kInteger, &O::query_threads, -1, 1024},
       {"max-vectors-per-call", "max_vectors_per_call", "N",
        "queries asking for more vectors are RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_vectors_per_call, 1,
@@ -329,6 +334,18 @@ std::string DefaultText(const DaemonOption& o) {
 
 }  // namespace
 
+int DefaultQueryThreads(int cores) { return std::clamp(cores / 2, 4, 16); }
+
+int DaemonOptions::QueryThreads() const {
+  if (query_threads > 0) return static_cast<int>(query_threads);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::thread::hardware_concurrency());
+  return DefaultQueryThreads(cores);
+}
+
 EngineOptions DaemonOptions::Engine() const {
   EngineOptions e;
   e.roots = roots;
@@ -432,6 +449,11 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", o.flag, " must be ", Expected(o)));
     }
+  }
+  if (options.query_threads == 0) {
+    return absl::InvalidArgumentError(
+        "--query-threads must be at least 1 (or -1: half the cores, at least "
+        "4, at most 16)");
   }
   if (options.roots.empty()) {
     return absl::InvalidArgumentError("no dataset root given (--root DIR)");

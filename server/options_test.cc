@@ -5,7 +5,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -249,6 +251,46 @@ TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
   o.shuffle_window = 1;
   o.shutdown_grace_seconds = -2;
   EXPECT_FALSE(ValidateDaemonOptions(o).ok());
+}
+
+TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
+  EXPECT_EQ(DefaultQueryThreads(1), 4);
+  EXPECT_EQ(DefaultQueryThreads(2), 4);
+  EXPECT_EQ(DefaultQueryThreads(9), 4);
+  EXPECT_EQ(DefaultQueryThreads(10), 5);
+  EXPECT_EQ(DefaultQueryThreads(16), 8);
+  EXPECT_EQ(DefaultQueryThreads(32), 16);
+  EXPECT_EQ(DefaultQueryThreads(128), 16);
+  DaemonOptions o;
+  o.roots = {"/data"};
+  o.unix_socket = "/run/s.sock";
+  EXPECT_EQ(o.query_threads, -1);
+  // The cores this process may use, from /proc (independent of sched.h).
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int cores = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("Cpus_allowed_list:", 0) != 0) continue;
+    std::stringstream list(line.substr(line.find(':') + 1));
+    std::string range;
+    while (std::getline(list, range, ',')) {
+      const size_t dash = range.find('-');
+      cores += dash == std::string::npos
+                   ? 1
+                   : std::stoi(range.substr(dash + 1)) -
+                         std::stoi(range.substr(0, dash)) + 1;
+    }
+  }
+  ASSERT_GT(cores, 0);
+  EXPECT_EQ(o.QueryThreads(), std::clamp(cores / 2, 4, 16));
+  o.query_threads = 3;
+  EXPECT_EQ(o.QueryThreads(), 3);
+  o.query_threads = 0;
+  absl::Status zero = ValidateDaemonOptions(o);
+  EXPECT_NE(zero.message().find("--query-threads must be at least 1"),
+            std::string::npos)
+      << zero;
+  EXPECT_FALSE(ParseDaemonOptions({"--query-threads", "-2"}).ok());
 }
 
 TEST_F(OptionsTest, IncoherentTlsFlagsAreUsageErrors) {

@@ -838,7 +838,8 @@ class Soak:
                            self.address, "--http", f"127.0.0.1:{self.http_port}"
                            ] + DAEMON_FLAGS + a.daemon_arg
         self.daemon_log = self.logs / "shardcastd.log"
-        self.query_threads = 4  # shardcastd's default, unless overridden
+        # shardcastd's default (half the cores it may use, 4 to 16), unless overridden.
+        self.query_threads = min(16, max(4, len(os.sched_getaffinity(0)) // 2))
         for i, x in enumerate(self.daemon_cmd):
             if x.startswith("--query-threads"):
                 v = x.split("=", 1)[1] if "=" in x else self.daemon_cmd[i + 1]
