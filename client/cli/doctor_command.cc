@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,7 @@ namespace {
 constexpr char kDefaultAddress[] = "unix:/run/shardcast/shardcastd.sock";
 constexpr uint64_t kDefaultReservoirBytes = 2ull << 30;  // shardcastd's
 constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kDefaultSocketSendBuffer = 4 * kMiB;  // shardcastd's
 
 enum class Verdict { kOk, kWarn, kFail };
 
@@ -57,6 +59,9 @@ struct Subject {
   std::optional<uint64_t> reservoir_bytes;
   bool daemon_expected = true;
   uint64_t read_bytes = 64 * kMiB;
+  // The send buffer the daemon asks for each local connection (config key
+  // socket_send_buffer; 0: the kernel's default).
+  uint64_t socket_send_buffer = kDefaultSocketSendBuffer;
   // Filled in by the checks.
   std::optional<DaemonStatus> daemon;
   std::string sample_shard;  // the largest shard file of a sound dataset
@@ -468,6 +473,45 @@ Check CheckMemory(const Subject& s) {
   return c;
 }
 
+// ---- socket buffers ---------------------------------------------------
+
+// The kernel caps SO_SNDBUF at net.core.wmem_max (socket(7)); below the
+// daemon's socket_send_buffer, a 16 MiB gRPC batch crosses a local socket in
+// more rounds of fill, wait and wake-up (RESULTS.md: warm gRPC streams).
+Check CheckSocketBuffer(const Subject& s) {
+  Check c{"sockets", Verdict::kOk, ""};
+  const std::string path = "/proc/sys/net/core/wmem_max";
+  std::ifstream in(path);  // (a /proc file: its size reads as 0)
+  std::string text;
+  uint64_t cap = 0;
+  if (!std::getline(in, text) ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &cap)) {
+    c.verdict = Verdict::kWarn;
+    c.detail =
+        absl::StrCat("cannot read ", path,
+                     ": the send buffer of local connections is unknown");
+    return c;
+  }
+  if (s.socket_send_buffer == 0) {
+    c.detail = absl::StrCat(
+        "socket_send_buffer 0: local connections keep the kernel's default "
+        "(net.core.wmem_max ",
+        Mib(cap), ")");
+    return c;
+  }
+  c.detail = absl::StrCat("net.core.wmem_max ", Mib(cap), ", the daemon asks ",
+                          Mib(s.socket_send_buffer),
+                          " per local connection (socket_send_buffer)");
+  if (cap < s.socket_send_buffer) {
+    c.verdict = Verdict::kWarn;
+    absl::StrAppend(&c.detail,
+                    ": capped, so warm gRPC streams are slower; lift it with "
+                    "sysctl -w net.core.wmem_max=",
+                    s.socket_send_buffer, " (or a file in /etc/sysctl.d/)");
+  }
+  return c;
+}
+
 // ---- the command ------------------------------------------------------
 
 // Reads what the checks need from the daemon's JSON config file.
@@ -486,15 +530,20 @@ absl::Status ReadConfig(const std::string& path, Subject* s) {
   if (j.contains("listen") && j["listen"].is_string()) {
     s->address = j["listen"].get<std::string>();
   }
-  if (j.contains("reservoir_bytes")) {
-    const Json& v = j["reservoir_bytes"];
+  // A byte count written as a number or as "4M"; nullopt when absent (the
+  // daemon itself refuses a malformed one).
+  const auto bytes_key = [&j](const char* key) -> std::optional<uint64_t> {
+    if (!j.contains(key)) return std::nullopt;
+    const Json& v = j[key];
     uint64_t bytes = 0;
-    if (v.is_number_unsigned()) {
-      s->reservoir_bytes = v.get<uint64_t>();
-    } else if (v.is_string() && ParseByteCount(v.get<std::string>(), &bytes)) {
-      s->reservoir_bytes = bytes;
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (v.is_string() && ParseByteCount(v.get<std::string>(), &bytes)) {
+      return bytes;
     }
-  }
+    return std::nullopt;
+  };
+  if (auto v = bytes_key("reservoir_bytes")) s->reservoir_bytes = *v;
+  if (auto v = bytes_key("socket_send_buffer")) s->socket_send_buffer = *v;
   return absl::OkStatus();
 }
 
@@ -556,6 +605,7 @@ int RunDoctor(const Args& args) {
   bool direct = false;
   checks.push_back(CheckDirectIo(s, &direct));
   checks.push_back(CheckMemory(s));
+  checks.push_back(CheckSocketBuffer(s));
   checks.push_back(CheckRead(s, direct));
 
   int failures = 0, warnings = 0;
@@ -609,6 +659,8 @@ Command DoctorCommand() {
       "  o_direct  the roots' filesystem accepts an aligned O_DIRECT read\n"
       "  memory    available memory (and the cgroup limit) against the "
       "daemon's bound: reservoir + 10 % + 64 MiB\n"
+      "  sockets   net.core.wmem_max against the send buffer the daemon "
+      "asks for each local connection (socket_send_buffer, default 4M)\n"
       "  read      a sequential read of one shard (--read-bytes, default "
       "64M), O_DIRECT when supported, else with its cached pages dropped\n"
       "The daemon's address is --server, else $SHARDCAST_ADDRESS, else the "

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -227,6 +228,31 @@ def test_doctor_fails_on_an_unreadable_root_a_non_socket_and_too_little_memory(
     assert v["memory"]["verdict"] == "FAIL" and "too small" in v["memory"]["detail"], v
     usage = cli("doctor", "--reservoir-bytes", "lots")
     assert usage.returncode == 2 and "--reservoir-bytes" in usage.err, usage.what
+
+
+def test_doctor_compares_the_socket_send_buffer_with_net_core_wmem_max(datasets, tmp_path):
+    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    env = {"SHARDCAST_ADDRESS": f"unix:{tmp_path}/none.sock"}
+
+    def sockets(**config):
+        path = tmp_path / "shardcastd.json"
+        path.write_text(json.dumps({"roots": [str(datasets.root)], **config}))
+        _, v = run_doctor("--config", path, "--no-daemon", env=env)
+        return v["sockets"]
+
+    # Asking for more than the cap: a warning that says how to lift it.
+    above = sockets(socket_send_buffer=wmem_max + 4096)
+    assert above["verdict"] == "warn", above
+    assert f"sysctl -w net.core.wmem_max={wmem_max + 4096}" in above["detail"], above
+    # Within the cap (written as the daemon's config accepts it), and 0.
+    within = sockets(socket_send_buffer=f"{max(wmem_max // 1024, 1)}K")
+    assert within["verdict"] == "ok" and "capped" not in within["detail"], within
+    zero = sockets(socket_send_buffer=0)
+    assert zero["verdict"] == "ok" and "kernel's default" in zero["detail"], zero
+    # Without the key: the daemon's default, 4 MiB.
+    default = sockets()
+    assert default["verdict"] == ("warn" if wmem_max < 4 << 20 else "ok"), default
+    assert "asks 4 MiB" in default["detail"], default
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run doctor as another user")
