@@ -134,6 +134,20 @@ def query_rows(out, query_dir, repeat):
          f"fio qd{conc_n}{' no hint' if same else ''}{ref} {conc_iops:.0f} IOPS",
          conc / conc_iops, ">= 0.8", verdict(conc / conc_iops >= 0.8)),
     ]
+    # What one call at a time could reach if the daemon cost nothing beyond
+    # the bare loop: fio's time for the call's reads at the same depth, then
+    # a bare unary round trip carrying the reply's bytes (a unary reply
+    # cannot overlap its own reads). Printed beside the target, not instead.
+    rt_batch = [load(p)["mean_us"] for p in
+                (os.path.join(out, f"unary-batch-{r}.json") for r in range(1, repeat + 1))
+                if os.path.exists(p)]
+    if rt_batch:
+        vectors = 256  # run_query_bench.sh --batch
+        serial = vectors / (vectors / deep_iops + statistics.median(rt_batch) / 1e6)
+        rows.insert(3, (f"  bound, one call at a time: fio's {vectors} reads, then a bare reply "
+                     f"of {vectors} vectors ({statistics.median(rt_batch):.0f} us mean)",
+                     f"{serial:.0f} vec/s", f"{serial / deep_iops:.2f} x fio",
+                     batch / serial, "(shardcast x bound)", ""))
     return rows, rts
 
 

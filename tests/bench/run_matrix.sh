@@ -22,7 +22,9 @@
 #     grpc_stream_bench --unary as the bare round trip): warm single-vector
 #     p50 <= 1.5 x the round trip; cold single-vector p50 <= 1.2 x (fio qd1
 #     p50 + round trip); cold batches of 256 and 16 concurrent single calls
-#     >= 0.8 x fio at the matching queue depth (no fadvise hint).
+#     >= 0.8 x fio at the matching queue depth (no fadvise hint). Beside the
+#     batch row, the bound of one call at a time: fio's time for 256 reads,
+#     then a bare unary round trip with a 1 MiB reply (--reply-bytes).
 #
 # The daemon runs with its defaults (no tuning flags). Prints the table,
 # writes $BENCH_DIR/matrix/{matrix.json,matrix.png} (plot: throughput per
@@ -168,6 +170,9 @@ if has query; then
   echo "== bare gRPC unary round trip"
   for r in $(seq "$REPEAT"); do
     "$BARE" --socket "$M/bare.sock" --unary 20000 --json > "$OUT/unary-$r.json"
+    # The same with a reply of 256 vectors of 4 KiB (the batch rows' reply).
+    "$BARE" --socket "$M/bare.sock" --unary 2000 --reply-bytes $((256 * 4096)) --malloc-keep \
+      --json > "$OUT/unary-batch-$r.json"
   done
   echo "== tests/bench/run_query_bench.sh"
   BUILD_DIR=$BUILD_DIR BENCH_DIR=$M/query BENCH_EXAMPLES=512 FIO_SECONDS=${FIO_SECONDS:-5} \
