@@ -21,6 +21,12 @@
 #          PHASES=cold COLD_S=560 EXAMPLES=6000 bash tests/bench/gpu/run_gpu.sh all  (~7 min)
 #          PHASES=warm WARM_S=400 REPEAT=3 EXAMPLES=6000 WARM_EPOCHS=1 bash tests/bench/gpu/run_gpu.sh all  (~5 min)
 #        (WARM_EPOCHS=1: an epoch of 6.3 GB lasts >= 2.4 s there; run_matrix.sh would take 2)
+#        A 15-minute lease (2026-11-26: the machine started in ~30 s; synth of the two
+#        6000-example datasets 45 s; the warm step with REPEAT=3 ran past 305 s) fits one
+#        call like
+#          PHASES="warm cold" WARM_S=330 COLD_S=200 EXAMPLES=6000 WARM_EPOCHS=1 REPEAT=2 \
+#            COLD_ROWS="l1of4:4 l1of4:8" bash tests/bench/gpu/run_gpu.sh all   (timeout_s 590)
+#        COLD_ROWS (run_matrix.sh) re-measures chosen cold rows only.
 #
 # Locally (no GPU), DEVICE=cpu EX_FEED=64 MAX_S=2 runs the feed phase as a smoke test
 # with build/ instead of .dev/. The daemon runs with its defaults throughout.
