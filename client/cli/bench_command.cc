@@ -326,6 +326,7 @@ absl::StatusOr<FioRun> RunFioOnce(const std::string& fio,
 absl::StatusOr<FioRun> RunFio(
     const std::string& fio,
     const std::vector<std::pair<std::string, uint64_t>>& files, bool direct) {
+  if (files.empty()) return absl::InvalidArgumentError("fio: no files to read");
   auto escape = [](absl::string_view s) {
     return absl::StrReplaceAll(s, {{":", "\\:"}});
   };

@@ -79,7 +79,11 @@ else
 fi
 DSDIR=$(ls -d "$DATA"/*/ | head -1); DSDIR=${DSDIR%/}
 SHARDS=("$DSDIR"/acts*.bin)
-FIO_FILES=$(IFS=:; echo "${SHARDS[*]}")
+# fio takes the names relative to --directory (':' escaped); one option value
+# may not exceed 4095 characters.
+FIO_DIR=${DSDIR//:/\\:}
+FIO_FILES=$(cd "$DSDIR" && names=(acts*.bin) && IFS=: && echo "${names[*]}")
+(( ${#FIO_FILES} < 4096 )) || die "${#SHARDS[@]} shard names are too long a list for fio's --filename"
 echo "   $(du -sh "$DSDIR" | cut -f1) in ${#SHARDS[@]} shard file(s) under $DSDIR"
 
 # 2. Daemon on a private socket; killed on any exit.
@@ -118,7 +122,7 @@ run_fio() {  # name direct iodepth engine [fadvise_hint [io_size]]
   evict
   local size=()
   [[ -n ${6:-} ]] && size=(--io_size="$6")
-  measure "fio_$1" fio --name="$1" --filename="$FIO_FILES" --rw=randread --bs=4k --direct="$2" \
+  measure "fio_$1" fio --name="$1" --directory="$FIO_DIR" --filename="$FIO_FILES" --rw=randread --bs=4k --direct="$2" \
       --iodepth="$3" --ioengine="$4" --fadvise_hint="${5:-1}" --runtime="$FIO_SECONDS" \
       "${size[@]}" \
       --numjobs=1 --group_reporting --output-format=json --output="$OUT/fio_$1.json"
