@@ -231,7 +231,10 @@ def test_doctor_fails_on_an_unreadable_root_a_non_socket_and_too_little_memory(
 
 
 def test_doctor_compares_the_socket_send_buffer_with_net_core_wmem_max(datasets, tmp_path):
-    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    sysctl = Path("/proc/sys/net/core/wmem_max")
+    if not sysctl.exists():
+        pytest.skip("net.core.wmem_max is not visible in this network namespace")
+    wmem_max = int(sysctl.read_text())
     env = {"SHARDCAST_ADDRESS": f"unix:{tmp_path}/none.sock"}
 
     def sockets(**config):
@@ -244,11 +247,15 @@ def test_doctor_compares_the_socket_send_buffer_with_net_core_wmem_max(datasets,
     above = sockets(socket_send_buffer=wmem_max + 4096)
     assert above["verdict"] == "warn", above
     assert f"sysctl -w net.core.wmem_max={wmem_max + 4096}" in above["detail"], above
+    asked = wmem_max + 4096  # exact in the text, not rounded to MiB
+    exact = f"{asked >> 20} MiB" if asked % (1 << 20) == 0 else f"{asked} bytes"
+    assert f"asks {exact}" in above["detail"], above
     # Within the cap (written as the daemon's config accepts it), and 0.
     within = sockets(socket_send_buffer=f"{max(wmem_max // 1024, 1)}K")
     assert within["verdict"] == "ok" and "capped" not in within["detail"], within
     zero = sockets(socket_send_buffer=0)
     assert zero["verdict"] == "ok" and "kernel's default" in zero["detail"], zero
+    assert "wmem_default" in zero["detail"], zero
     # Without the key: the daemon's default, 4 MiB.
     default = sockets()
     assert default["verdict"] == ("warn" if wmem_max < 4 << 20 else "ok"), default
