@@ -62,9 +62,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
 #include "common/cli_args.h"
 #include "common/mutex.h"
+#include "common/status.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/client_unary_call.h"
@@ -127,8 +127,7 @@ struct Payload {
   // `i` per call, so that concurrent calls do not send the same windows at
   // the same time out of a shared cache).
   grpc::ByteBuffer Message(int64_t i) const {
-    const size_t windows =
-        message_bytes == 0 ? 1 : data.size() / message_bytes;
+    const size_t windows = message_bytes == 0 ? 1 : data.size() / message_bytes;
     grpc::Slice body(
         data.data() + static_cast<size_t>(i) % windows * message_bytes,
         message_bytes, grpc::Slice::STATIC_SLICE);
@@ -494,8 +493,8 @@ struct UnaryResult {
   double calls_per_second = 0;
 };
 
-absl::StatusOr<UnaryResult> RunUnary(const std::string& address,
-                                     int64_t calls, int threads) {
+absl::StatusOr<UnaryResult> RunUnary(const std::string& address, int64_t calls,
+                                     int threads) {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Connect(address));
   const grpc::internal::RpcMethod method(kUnaryMethod,
                                          grpc::internal::RpcMethod::NORMAL_RPC);
@@ -514,9 +513,10 @@ absl::StatusOr<UnaryResult> RunUnary(const std::string& address,
       grpc::ClientContext ctx;
       grpc::ByteBuffer reply;
       const auto t0 = Clock::now();
-      const grpc::Status st = grpc::internal::BlockingUnaryCall<
-          grpc::ByteBuffer, grpc::ByteBuffer, grpc::ByteBuffer,
-          grpc::ByteBuffer>(channel.get(), method, &ctx, request, &reply);
+      const grpc::Status st =
+          grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer,
+                                            grpc::ByteBuffer, grpc::ByteBuffer>(
+              channel.get(), method, &ctx, request, &reply);
       const auto t1 = Clock::now();
       if (!st.ok()) {
         me.error = absl::StrCat("unary call ", i, ": ", st.error_message());
@@ -597,6 +597,10 @@ int Main(int argc, char** argv) {
     if (*calls < 1) return Usage("--unary must be >= 1");
     if (*threads < 1 || *threads > 256) {
       return Usage("--threads must be in [1, 256]");
+    }
+    if (args->Has("malloc-keep")) {  // as for streams (below)
+      mallopt(M_MMAP_THRESHOLD, 64 << 20);
+      mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
     if (*reply_bytes > kMaxMessageBytes - 16) {
       return Usage("--reply-bytes is over the message limit");

@@ -843,7 +843,8 @@ class Soak:
         for i, x in enumerate(self.daemon_cmd):
             if x.startswith("--query-threads"):
                 v = x.split("=", 1)[1] if "=" in x else self.daemon_cmd[i + 1]
-                self.query_threads = int(v)
+                if int(v) > 0:  # -1: the default
+                    self.query_threads = int(v)
         self._start_daemon()
         self.metas = {}
         for key, dsid in self.ids.items():
