@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -262,6 +261,15 @@ std::vector<Check> CheckRoots(Subject* s) {
 
 // ---- io_uring ---------------------------------------------------------
 
+// A numeric /proc/sys value; nullopt when the file is missing (some are
+// hidden inside network namespaces) or holds no number.
+std::optional<uint64_t> SysctlValue(const std::string& path) {
+  std::ifstream in(path);
+  uint64_t value = 0;
+  if (in >> value) return value;
+  return std::nullopt;
+}
+
 Check CheckIoUring() {
   Check c{"io_uring", Verdict::kOk, ""};
   // A probe, not a user: set up a ring of 4 entries and close it.
@@ -276,10 +284,10 @@ Check CheckIoUring() {
   const int err = errno;
   c.verdict = Verdict::kWarn;
   std::string why;
-  std::ifstream sysctl("/proc/sys/kernel/io_uring_disabled");
-  int disabled = 0;
-  if (sysctl >> disabled && disabled != 0) {
-    why = absl::StrCat(" (sysctl kernel.io_uring_disabled = ", disabled, ")");
+  const std::optional<uint64_t> disabled =
+      SysctlValue("/proc/sys/kernel/io_uring_disabled");
+  if (disabled.has_value() && *disabled != 0) {
+    why = absl::StrCat(" (sysctl kernel.io_uring_disabled = ", *disabled, ")");
   } else if (err == EPERM) {
     why =
         " (a seccomp profile forbids it: container runtimes' default "
@@ -475,27 +483,15 @@ Check CheckMemory(const Subject& s) {
 
 // ---- socket buffers ---------------------------------------------------
 
-// The kernel caps SO_SNDBUF at net.core.wmem_max (socket(7)); below the
-// daemon's socket_send_buffer, a 16 MiB gRPC batch crosses a local socket in
-// more rounds of fill, wait and wake-up (RESULTS.md: warm gRPC streams).
-// A /proc/sys value (such files report a size of 0, so read by line).
-std::optional<uint64_t> SysctlValue(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
-  uint64_t value = 0;
-  if (!std::getline(in, text) ||
-      !absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &value)) {
-    return std::nullopt;
-  }
-  return value;
-}
-
 // "4 MiB" when whole, else exact: "212992 bytes".
 std::string ExactSize(uint64_t bytes) {
   return bytes % kMiB == 0 ? absl::StrCat(bytes / kMiB, " MiB")
                            : absl::StrCat(bytes, " bytes");
 }
 
+// The kernel caps SO_SNDBUF at net.core.wmem_max (socket(7)); below the
+// daemon's socket_send_buffer, a 16 MiB gRPC batch crosses a local socket in
+// more rounds of fill, wait and wake-up (RESULTS.md: warm gRPC streams).
 Check CheckSocketBuffer(const Subject& s) {
   Check c{"sockets", Verdict::kOk, ""};
   const std::optional<uint64_t> cap =
