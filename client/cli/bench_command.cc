@@ -312,45 +312,28 @@ absl::StatusOr<FioRun> RunFioOnce(const std::string& fio,
   return run;
 }
 
-/// One fio sequential read over all `files` (all in one directory, as
-/// ShardFiles lists them): psync through the page cache, or (`direct`)
-/// io_uring with 32 reads in flight and O_DIRECT, whichever the disk prefers
-/// is the reference. fio takes the names relative to --directory, ':'-joined
-/// (and ':' escaped); a list longer than fio's 4096-character limit on an
-/// option is read in consecutive runs, one after the other, and the rate is
-/// all their bytes over all their time.
+/// One fio sequential read over all `files` (ShardFiles' list of
+/// `directory`): psync through the page cache, or (`direct`) io_uring with 32
+/// reads in flight and O_DIRECT, whichever the disk prefers is the reference.
+/// fio takes the names relative to --directory, ':'-joined (and ':'
+/// escaped); a list longer than fio's 4096-character limit on an option is
+/// read in consecutive runs, one after the other, and the rate is all their
+/// bytes over all their time.
 /// --size is left out on purpose: fio then reads every file whole, while
 /// --size splits the total evenly across the files and fio would extend (that
 /// is, write to) a shard smaller than its share. --readonly makes sure fio
 /// never writes to the dataset.
 absl::StatusOr<FioRun> RunFio(
-    const std::string& fio,
+    const std::string& fio, const std::string& directory,
     const std::vector<std::pair<std::string, uint64_t>>& files, bool direct) {
   if (files.empty()) return absl::InvalidArgumentError("fio: no files to read");
   auto escape = [](absl::string_view s) {
     return absl::StrReplaceAll(s, {{":", "\\:"}});
   };
-  // A path's directory and name (ShardFiles joins them with '/').
-  auto split = [](const std::string& path) {
-    const size_t slash = path.rfind('/');
-    return slash == std::string::npos
-               ? std::pair<std::string, std::string>(".", path)
-               : std::pair<std::string, std::string>(
-                     slash == 0 ? "/" : path.substr(0, slash),
-                     path.substr(slash + 1));
-  };
-  const std::string directory =
-      files.empty() ? "." : split(files.front().first).first;
   std::vector<std::vector<std::string>> groups(1);
   size_t length = 0;
   for (const auto& [path, size] : files) {
-    auto [dir, base] = split(path);
-    if (dir != directory) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fio's files must share one directory: ", path,
-                       " is not in ", directory));
-    }
-    std::string name = escape(base);
+    std::string name = escape(path.substr(path.rfind('/') + 1));
     if (name.size() + 1 >= kFioMaxOptionLength) {
       return absl::InvalidArgumentError(
           absl::StrCat("file name too long for fio: ", path));
@@ -474,12 +457,14 @@ int RunBench(const Args& args) {
     if (cold) RETURN_IF_ERROR(EvictFromPageCache(files));
     std::fprintf(stderr, "bench: fio sequential read of %zu shard files%s\n",
                  files.size(), cold ? " (evicted from the page cache)" : "");
-    ASSIGN_OR_RETURN(FioRun run, RunFio(fio, files, /*direct=*/false));
+    ASSIGN_OR_RETURN(FioRun run,
+                     RunFio(fio, args.Get("dir"), files, /*direct=*/false));
     run.buffered = run.bytes_per_second;
     // The same with O_DIRECT and io_uring qd32; a filesystem or file sizes
     // that refuse O_DIRECT leave the buffered figure as the reference.
     if (cold) RETURN_IF_ERROR(EvictFromPageCache(files));
-    absl::StatusOr<FioRun> direct = RunFio(fio, files, /*direct=*/true);
+    absl::StatusOr<FioRun> direct =
+        RunFio(fio, args.Get("dir"), files, /*direct=*/true);
     if (direct.ok()) {
       run.direct = direct->bytes_per_second;
       run.bytes_per_second = std::max(run.buffered, run.direct);

@@ -82,7 +82,7 @@ SHARDS=("$DSDIR"/acts*.bin)
 # fio takes the names relative to --directory (':' escaped); one option value
 # may not exceed 4095 characters.
 FIO_DIR=${DSDIR//:/\\:}
-FIO_FILES=$(cd "$DSDIR" && names=(acts*.bin) && IFS=: && echo "${names[*]}")
+FIO_FILES=$(IFS=:; echo "${SHARDS[*]##*/}")
 (( ${#FIO_FILES} < 4096 )) || die "${#SHARDS[@]} shard names are too long a list for fio's --filename"
 echo "   $(du -sh "$DSDIR" | cut -f1) in ${#SHARDS[@]} shard file(s) under $DSDIR"
 
