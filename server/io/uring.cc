@@ -144,19 +144,34 @@ UringReader& UringReader::ThisThread() {
   return *reader;
 }
 
-absl::Status UringReader::ReadAllPread(absl::Span<const ReadOp> ops) {
-  for (const ReadOp& op : ops) {
+absl::Status UringReader::ReadAllPread(
+    absl::Span<const ReadOp> ops,
+    absl::FunctionRef<void(absl::Span<const size_t>)> finished) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ReadOp& op = ops[i];
     RETURN_IF_ERROR(PreadFull(op.fd, op.dest, op.length, op.offset,
                               op.path != nullptr ? *op.path : "file"));
+    finished({i});
   }
   return absl::OkStatus();
 }
 
 absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
-  if (!ring_.has_value()) return ReadAllPread(ops);
+  return ReadAll(ops, [](absl::Span<const size_t>) {});
+}
+
+absl::Status UringReader::ReadAll(
+    absl::Span<const ReadOp> ops,
+    absl::FunctionRef<void(absl::Span<const size_t>)> finished) {
+  if (!ring_.has_value()) return ReadAllPread(ops, finished);
   std::vector<size_t> done(ops.size(), 0);  // bytes in place, per op
   std::vector<size_t> again;                // ops to submit again
-  size_t next = 0;                          // next op never submitted
+  std::vector<size_t> complete;             // finished since the last report
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].length == 0) complete.push_back(i);
+  }
+  if (!complete.empty()) finished(complete);
+  size_t next = 0;  // next op never submitted
   size_t in_flight = 0;
   absl::Status first_error;
   auto submit = [&](size_t i) {
@@ -183,11 +198,13 @@ absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
       // not happen with valid arguments.
       return ErrnoToStatus(-rc, "io_uring_submit_and_wait");
     }
+    complete.clear();
     ring_->ForEachCompletion([&](uint64_t i, int res) {
       --in_flight;
       absl::Status error;
       switch (ApplyReadResult(ops[i], res, &done[i], &error)) {
         case ReadStep::kDone:
+          complete.push_back(static_cast<size_t>(i));
           break;
         case ReadStep::kContinue:
           again.push_back(static_cast<size_t>(i));
@@ -197,6 +214,7 @@ absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
           break;
       }
     });
+    if (first_error.ok() && !complete.empty()) finished(complete);
   }
   return first_error;
 }

@@ -129,13 +129,23 @@ class UringReader {
   /// Performs every read and returns the first failure (see
   /// ApplyReadResult). All reads have completed when it returns.
   absl::Status ReadAll(absl::Span<const ReadOp> ops);
+  /// The same, and as reads finish: `finished(indices)` (on this thread)
+  /// with the indices in `ops` of those whose bytes are all in place since
+  /// the last call, in the order they completed; zero-length ops in the
+  /// first call. Every op is reported exactly once when all succeed; after
+  /// a failure nothing more is reported.
+  absl::Status ReadAll(
+      absl::Span<const ReadOp> ops,
+      absl::FunctionRef<void(absl::Span<const size_t>)> finished);
 
   bool uses_uring() const { return ring_.has_value(); }
   unsigned queue_depth() const { return depth_; }
 
  private:
   UringReader(std::optional<UringRing> ring, unsigned depth);
-  absl::Status ReadAllPread(absl::Span<const ReadOp> ops);
+  absl::Status ReadAllPread(
+      absl::Span<const ReadOp> ops,
+      absl::FunctionRef<void(absl::Span<const size_t>)> finished);
 
   std::optional<UringRing> ring_;
   unsigned depth_;

@@ -57,6 +57,57 @@ TEST_F(UringReaderTest, ManyMoreReadsThanTheQueueDepthAllLandInPlace) {
   }
 }
 
+TEST_F(UringReaderTest, ReportsEachReadOnceWithItsBytesAlreadyInPlace) {
+  auto reader = UringReader::Create(16);
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<char>> out(300);
+  std::vector<ReadOp> ops;
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Every 50th op is empty: reported at once, never submitted.
+    const size_t len = i % 50 == 7 ? 0 : 1 + rng() % 5000;
+    const uint64_t off = rng() % (bytes_.size() - len);
+    out[i].resize(len);
+    ops.push_back({fd_.get(), off, len, out[i].data(), &path_});
+  }
+  std::vector<int> reported(ops.size(), 0);
+  int calls = 0;
+  ASSERT_TRUE(
+      reader
+          ->ReadAll(ops,
+                    [&](absl::Span<const size_t> finished) {
+                      ++calls;
+                      EXPECT_FALSE(finished.empty());
+                      for (size_t i : finished) {
+                        ASSERT_LT(i, ops.size());
+                        ++reported[i];
+                        // In place when reported, not only at the end.
+                        EXPECT_EQ(0, std::memcmp(out[i].data(),
+                                                 bytes_.data() + ops[i].offset,
+                                                 out[i].size()))
+                            << "op " << i;
+                      }
+                    })
+          .ok());
+  for (size_t i = 0; i < ops.size(); ++i) EXPECT_EQ(reported[i], 1) << i;
+  // 16 in flight at most: 300 reads cannot all be reported at once.
+  EXPECT_GE(calls, 2);
+}
+
+TEST_F(UringReaderTest, ReportsNothingAfterAFailure) {
+  auto reader = UringReader::Create(4);
+  ASSERT_EQ(::truncate(path_.c_str(), 4096), 0);
+  std::vector<char> a(1024), b(1024);
+  std::vector<ReadOp> ops = {{fd_.get(), 8192, b.size(), b.data(), &path_},
+                             {fd_.get(), 0, a.size(), a.data(), &path_}};
+  std::vector<size_t> reported;
+  absl::Status st = reader->ReadAll(ops, [&](absl::Span<const size_t> f) {
+    reported.insert(reported.end(), f.begin(), f.end());
+  });
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  // Op 0 is never reported; op 1 may be, if it completed first.
+  for (size_t i : reported) EXPECT_EQ(i, 1u);
+}
+
 TEST_F(UringReaderTest, ReadPastTheEndOfATruncatedFileIsDataLossNamingIt) {
   auto reader = UringReader::Create(4);
   ASSERT_EQ(::truncate(path_.c_str(), 4096), 0);
