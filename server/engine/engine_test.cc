@@ -200,6 +200,84 @@ TEST_F(EngineTest, FiguresCountWhatQueriesAndStreamsRead) {
   EXPECT_TRUE(engine_->Figures().scans.empty());
 }
 
+TEST_F(EngineTest, StreamedVectorsArriveInPartsThatCoverTheRequestOnce) {
+  Start();
+  // Every vector of the dataset, in a scrambled order, some twice.
+  std::vector<Coord> coords;
+  for (int64_t e = 0; e < kN; ++e) {
+    for (int64_t li = 0; li < kL; ++li) {
+      for (int64_t t = 0; t < kT; ++t) {
+        coords.push_back({(e * 7) % kN, li == 0 ? -2 : 6, (t * 5) % kT});
+      }
+    }
+  }
+  coords.push_back(coords[3]);
+  const size_t n = coords.size();
+  VectorsResult result;
+  std::vector<int> seen(n, 0);
+  std::vector<size_t> part_sizes;
+  int lasts = 0;
+  absl::Status st = engine_->queries().StreamVectors(
+      id_, coords, 10, &result, [&](absl::Span<const int64_t> rows, bool last) {
+        EXPECT_EQ(lasts, 0) << "a part after the last";
+        lasts += last ? 1 : 0;
+        part_sizes.push_back(rows.size());
+        for (int64_t r : rows) {
+          ASSERT_GE(r, 0);
+          ASSERT_LT(static_cast<size_t>(r), n);
+          ++seen[static_cast<size_t>(r)];
+          // A part's rows are in place when it is handed out.
+          const Coord& c = coords[static_cast<size_t>(r)];
+          const int64_t li = c.layer == -2 ? 0 : 1;
+          const float* vec = reinterpret_cast<const float*>(
+              result.data.data() + static_cast<size_t>(r) * kD * 4);
+          for (int64_t k = 0; k < kD; ++k) {
+            ASSERT_EQ(vec[k],
+                      SynthValue(
+                          kSeed,
+                          static_cast<uint64_t>(
+                              ((c.example * kL + li) * kT + c.token) * kD + k)))
+                << "row " << r;
+          }
+        }
+      });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(result.shape, (std::vector<int64_t>{static_cast<int64_t>(n), kD}));
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(seen[i], 1) << "row " << i;
+  EXPECT_EQ(lasts, 1);
+  // Parts of at least 10 but the last; no empty part.
+  ASSERT_FALSE(part_sizes.empty());
+  for (size_t i = 0; i + 1 < part_sizes.size(); ++i) {
+    EXPECT_GE(part_sizes[i], 10u);
+  }
+  EXPECT_GE(part_sizes.back(), 1u);
+  EXPECT_EQ(engine_->Figures().bytes_read, n * kD * 4);
+}
+
+TEST_F(EngineTest, StreamedVectorsReportRequestErrorsBeforeAnyPart) {
+  Start();
+  int parts = 0;
+  VectorsResult result;
+  auto count = [&](absl::Span<const int64_t>, bool) { ++parts; };
+  absl::Status st = engine_->queries().StreamVectors(
+      id_, {{0, 6, 0}, {kN, 6, 0}}, 1, &result, count);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_NE(st.message().find("coordinates[1]"), std::string::npos) << st;
+  EXPECT_EQ(parts, 0);
+  // An empty request is one empty part.
+  std::vector<size_t> sizes;
+  bool last = false;
+  st = engine_->queries().StreamVectors(
+      id_, {}, 4, &result, [&](absl::Span<const int64_t> rows, bool l) {
+        sizes.push_back(rows.size());
+        last = l;
+      });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(sizes, (std::vector<size_t>{0}));
+  EXPECT_TRUE(last);
+  EXPECT_EQ(result.shape, (std::vector<int64_t>{0, kD}));
+}
+
 // The first batch's token of an ordered stream, and that stream's options.
 std::string FirstToken(Engine& engine, StreamOptions o) {
   auto source = engine.OpenStream(o);

@@ -2,6 +2,8 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "server/io/uring.h"
@@ -60,6 +62,31 @@ absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
   return r;
 }
 
+absl::Status QueryEngine::StreamVectors(
+    absl::string_view dataset, const std::vector<Coord>& coords,
+    size_t part_vectors, VectorsResult* result,
+    absl::FunctionRef<void(absl::Span<const int64_t>, bool)> part) const {
+  std::vector<ReadOp> ops;
+  ASSIGN_OR_RETURN(*result, PlanVectors(dataset, coords, &ops));
+  if (part_vectors < 1) part_vectors = 1;
+  std::vector<int64_t> ready;  // in place, not yet in a part
+  ready.reserve(std::min(ops.size(), 2 * part_vectors));
+  size_t done = 0;
+  RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(
+      ops, [&](absl::Span<const size_t> finished) {
+        for (size_t i : finished) ready.push_back(static_cast<int64_t>(i));
+        done += finished.size();
+        // The rows that complete the request wait for the last part.
+        if (ready.size() >= part_vectors && done < ops.size()) {
+          part(ready, false);
+          ready.clear();
+        }
+      }));
+  part(ready, true);
+  bytes_read_ += result->data.size();
+  return absl::OkStatus();
+}
+
 std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
     absl::string_view dataset, const std::vector<Coord>& coords,
     size_t max_vectors) const {
@@ -72,8 +99,8 @@ std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
     // RWF_NOWAIT: EAGAIN instead of waiting for the device; a short read
     // (part of the range cached) or any error is left to GetVectors, which
     // reads (and reports) it properly.
-    const ssize_t got = ::preadv2(op.fd, &iov, 1,
-                                  static_cast<off_t>(op.offset), RWF_NOWAIT);
+    const ssize_t got =
+        ::preadv2(op.fd, &iov, 1, static_cast<off_t>(op.offset), RWF_NOWAIT);
     if (got < 0 || static_cast<size_t>(got) != op.length) return std::nullopt;
   }
   bytes_read_ += r->data.size();
@@ -126,18 +153,19 @@ absl::StatusOr<std::string> QueryEngine::GetExampleInfo(
   const std::string path = JoinPath(info.dir, kSamplesFile);
   ASSIGN_OR_RETURN(
       std::shared_ptr<const SampleIndex> index,
-      samples_.Get(info, [&]() -> absl::StatusOr<std::shared_ptr<const SampleIndex>> {
-        absl::StatusOr<std::unique_ptr<SampleIndex>> built =
-            SampleIndex::Build(path, info.desc.n_examples);
-        if (!built.ok() &&
-            built.status().code() == absl::StatusCode::kNotFound) {
-          return absl::NotFoundError(
-              absl::StrCat("dataset ", info.dir_name, " has no ", kSamplesFile,
-                           " (only `shardcast import` writes one)"));
-        }
-        if (!built.ok()) return built.status();
-        return std::shared_ptr<const SampleIndex>(std::move(*built));
-      }));
+      samples_.Get(
+          info, [&]() -> absl::StatusOr<std::shared_ptr<const SampleIndex>> {
+            absl::StatusOr<std::unique_ptr<SampleIndex>> built =
+                SampleIndex::Build(path, info.desc.n_examples);
+            if (!built.ok() &&
+                built.status().code() == absl::StatusCode::kNotFound) {
+              return absl::NotFoundError(absl::StrCat(
+                  "dataset ", info.dir_name, " has no ", kSamplesFile,
+                  " (only `shardcast import` writes one)"));
+            }
+            if (!built.ok()) return built.status();
+            return std::shared_ptr<const SampleIndex>(std::move(*built));
+          }));
   return index->Get(example);
 }
 

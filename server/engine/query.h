@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/samples.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
@@ -70,6 +72,22 @@ class QueryEngine {
   /// INVALID_ARGUMENT naming the first bad coordinate, DATA_LOSS (file).
   absl::StatusOr<VectorsResult> GetVectors(
       absl::string_view dataset, const std::vector<Coord>& coords) const;
+  /// GetVectors in parts, as the reads complete: `part(rows, last)` is
+  /// called on this thread each time at least `part_vectors` more vectors
+  /// are in place in `result->data` (at row * vector bytes; `rows` index
+  /// the request, in the order the reads completed). On success exactly one
+  /// part has `last` set: the final one, after every read, which holds the
+  /// rest (no rows only for an empty request). A transport can send each
+  /// part while later reads are still on the disk, and end the call with
+  /// the last. `result` (shape and buffer) is set before the first part;
+  /// the reads write into its buffer until this returns. Errors as
+  /// GetVectors'; request errors come before any part, a read's failure
+  /// after some parts perhaps, but never after the last.
+  absl::Status StreamVectors(
+      absl::string_view dataset, const std::vector<Coord>& coords,
+      size_t part_vectors, VectorsResult* result,
+      absl::FunctionRef<void(absl::Span<const int64_t> rows, bool last)> part)
+      const;
   /// GetVectors without waiting for the disk, for callers that must not
   /// block (a gRPC callback thread): the result when every vector is in the
   /// page cache (preadv2 RWF_NOWAIT) or the request is refused before any
