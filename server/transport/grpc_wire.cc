@@ -1,5 +1,6 @@
 #include "server/transport/grpc_wire.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -73,6 +74,28 @@ grpc::ByteBuffer VectorsReply(VectorsResult result) {
   return WithPayloadField(header.SerializeAsString(),
                           v1::Vectors::kDataFieldNumber,
                           grpc::Slice(result.data.Release(), size, std::free));
+}
+
+grpc::ByteBuffer VectorRowsReply(const std::vector<int64_t>& shape,
+                                 std::vector<int64_t> rows,
+                                 const grpc::Slice& buffer,
+                                 size_t vector_bytes) {
+  std::sort(rows.begin(), rows.end());
+  v1::VectorRows header;
+  for (int64_t s : shape) header.add_shape(s);
+  std::vector<grpc::Slice> slices(1);  // [0]: the header's
+  for (size_t i = 0; i < rows.size();) {
+    size_t end = i + 1;  // rows[i, end) are consecutive
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+    const size_t at = static_cast<size_t>(rows[i]) * vector_bytes;
+    if (vector_bytes > 0) {
+      slices.push_back(buffer.sub(at, at + (end - i) * vector_bytes));
+    }
+    i = end;
+  }
+  header.mutable_rows()->Assign(rows.begin(), rows.end());
+  return WithPayloadField(header.SerializeAsString(),
+                          v1::VectorRows::kDataFieldNumber, std::move(slices));
 }
 
 grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,

@@ -47,6 +47,16 @@ grpc::ByteBuffer ProtoReply(const Message& message) {
 /// (the slice frees it once sent).
 grpc::ByteBuffer VectorsReply(VectorsResult result);
 
+/// shardcast.v1.VectorRows (one part of a StreamVectors reply): `shape`,
+/// `rows` (sorted here, so adjacent rows go out as one slice) and their
+/// vectors as sub-slices of `buffer`, row r at r * `vector_bytes`. The
+/// sub-slices share `buffer`'s reference count: its bytes live until gRPC
+/// has sent the last part that holds any.
+grpc::ByteBuffer VectorRowsReply(const std::vector<int64_t>& shape,
+                                 std::vector<int64_t> rows,
+                                 const grpc::Slice& buffer,
+                                 size_t vector_bytes);
+
 /// shardcast.v1.Batch: `batch`'s columns (moved out), `d_model`, and the
 /// first `vector_bytes` of `buffer` as the payload (the slice returns the
 /// buffer to its pool once sent).

@@ -107,6 +107,11 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          "GetVectors calls answered from the page cache without a worker "
          "thread.",
          queries_inline.load());
+  metric("shardcast_queries_streamed_total", "counter",
+         "StreamVectors calls (vectors sent in parts as the reads complete).",
+         queries_streamed.load());
+  metric("shardcast_query_parts_total", "counter",
+         "Parts sent by StreamVectors calls.", query_parts.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

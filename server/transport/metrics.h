@@ -26,6 +26,9 @@ struct Metrics {
   std::atomic<uint64_t> bytes_served{0};
   /// GetVectors calls answered on the gRPC thread from the page cache.
   std::atomic<uint64_t> queries_inline{0};
+  /// StreamVectors calls, and the parts they sent.
+  std::atomic<uint64_t> queries_streamed{0};
+  std::atomic<uint64_t> query_parts{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).

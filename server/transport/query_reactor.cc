@@ -1,11 +1,15 @@
 #include "server/transport/query_reactor.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tsan.h"
 #include "proto/grpc_status.h"
@@ -19,8 +23,20 @@ namespace {
 // vectors: a ~20 us copy on the callback thread).
 constexpr size_t kInlineMaxVectors = 64;
 
+// A StreamVectors part holds at least this many vectors and an eighth of the
+// request: enough parts that the last one (which cannot leave before the
+// last read) is small, few enough that per-message costs stay small.
+constexpr size_t kMinPartVectors = 16;
+constexpr size_t kPartsPerCall = 8;
+
+size_t PartVectors(size_t n) {
+  return std::max(kMinPartVectors, (n + kPartsPerCall - 1) / kPartsPerCall);
+}
+
 // Reads the request, runs it on the worker pool, writes the reply and
-// finishes. Deletes itself in OnDone.
+// finishes. StreamVectors writes its parts as the worker hands them out:
+// one write in flight, the others queued (a call queues at most its own
+// bytes, which the per-call limit bounds). Deletes itself in OnDone.
 class QueryReactor final : public grpc::ServerGenericBidiReactor {
  public:
   QueryReactor(const TransportContext& context,
@@ -47,6 +63,19 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
           absl::StrCat(method_, ": the client sent no request message")));
       return;
     }
+    if (name_ == "StreamVectors") {
+      context_.metrics->queries_streamed++;
+      absl::Status parsed = ParseVectorsRequest();
+      if (!parsed.ok()) {
+        FinishWith(parsed);
+        return;
+      }
+      context_.pool->Submit([this] {
+        TsanAcquire(this);
+        RunStream();
+      });
+      return;
+    }
     if (ServedInline()) return;
     context_.pool->Submit([this] {
       TsanAcquire(this);
@@ -54,7 +83,37 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     });
   }
 
-  void OnWriteDone(bool /*ok*/) override {}
+  // Only StreamVectors writes more than once (a unary reply, and a
+  // stream's last part, go out with StartWriteAndFinish: no OnWriteDone).
+  void OnWriteDone(bool ok) override {
+    TsanReaction reaction(this);
+    bool last = false;
+    absl::Status end;
+    {
+      MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        cancelled_ = true;  // the client went away
+        queued_.clear();
+        if (!ended_) return;  // the worker finishes when it is done
+        end = absl::CancelledError("the client went away");
+      } else if (!queued_.empty()) {
+        reply_ = std::move(queued_.front().message);
+        last = queued_.front().last;
+        queued_.pop_front();
+        writing_ = true;
+      } else if (!ended_) {
+        return;  // the worker queues the next part
+      } else {
+        end = end_;  // a read failed after some parts
+      }
+    }
+    if (end.ok()) {
+      Write(last);
+    } else {
+      FinishWith(end);
+    }
+  }
 
   void OnDone() override {
     TsanAcquire(this);
@@ -99,6 +158,97 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   }
 
   void Run() { Reply(Dispatch()); }
+
+  // StreamVectors on a worker: each part is queued for writing as soon as
+  // its reads are done; the last one, written here at the very end (gRPC
+  // may delete the reactor once it is out), ends the call.
+  void RunStream() {
+    VectorsResult result;
+    grpc::Slice buffer;  // owns result.data from the first part on
+    size_t vector_bytes = 0;
+    std::optional<Part> last;
+    absl::Status status = context_.engine->queries().StreamVectors(
+        dataset_, coords_, PartVectors(coords_.size()), &result,
+        [&](absl::Span<const int64_t> rows, bool is_last) {
+          if (vector_bytes == 0 && !coords_.empty()) {
+            const size_t size = result.data.size();
+            vector_bytes = size / coords_.size();
+            // The reads go on writing into the bytes; the slice frees them
+            // once gRPC has sent every part that refers to them.
+            if (size > 0) {
+              buffer = grpc::Slice(result.data.Release(), size, std::free);
+            }
+          }
+          Part part{
+              VectorRowsReply(result.shape,
+                              std::vector<int64_t>(rows.begin(), rows.end()),
+                              buffer, vector_bytes),
+              is_last};
+          if (is_last) {
+            last = std::move(part);
+          } else {
+            QueuePart(std::move(part));
+          }
+        });
+    absl::Status end;
+    {
+      MutexLock lock(&mu_);
+      ended_ = true;
+      if (cancelled_) status = absl::CancelledError("the client went away");
+      if (status.ok()) {
+        context_.metrics->bytes_served += last->message.Length();
+        if (writing_) {
+          queued_.push_back(std::move(*last));
+          return;  // OnWriteDone writes it
+        }
+        reply_ = std::move(last->message);
+        writing_ = true;
+      } else {
+        end_ = status;
+        end = status;
+        queued_.clear();
+        if (writing_) return;  // OnWriteDone finishes
+      }
+    }
+    if (end.ok()) {
+      Write(/*last=*/true);
+    } else {
+      FinishWith(end);
+    }
+  }
+
+  struct Part {
+    grpc::ByteBuffer message;
+    bool last = false;
+  };
+
+  void QueuePart(Part part) {
+    {
+      MutexLock lock(&mu_);
+      if (cancelled_) return;
+      context_.metrics->bytes_served += part.message.Length();
+      if (writing_) {
+        queued_.push_back(std::move(part));
+        return;
+      }
+      reply_ = std::move(part.message);
+      writing_ = true;
+    }
+    Write(/*last=*/false);
+  }
+
+  // Writes reply_, ending the call with it when it is the last part.
+  void Write(bool last) {
+    context_.metrics->query_parts++;
+    if (!last) {
+      TsanHandOff(this, [&] { StartWrite(&reply_); });
+      return;
+    }
+    context_.metrics->CallDone(absl::StatusCode::kOk);
+    TsanHandOff(this, [&] {
+      StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+    });
+  }
 
   void Reply(absl::StatusOr<grpc::ByteBuffer> reply) {
     if (!reply.ok()) {
@@ -166,9 +316,16 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   const std::string peer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
-  // GetVectors' request, parsed.
+  // GetVectors' and StreamVectors' request, parsed.
   std::string dataset_;
   std::vector<Coord> coords_;
+  // StreamVectors' writes (reply_ is the one in flight).
+  Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // the worker is done
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_ ABSL_GUARDED_BY(mu_);  // set when not the last part's
+  std::deque<Part> queued_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

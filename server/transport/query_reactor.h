@@ -1,4 +1,5 @@
-// One unary shardcast.v1.Query call (GetVectors, GetExample, GetLabels),
+// One shardcast.v1.Query call (GetVectors, StreamVectors, GetExample,
+// GetLabels, GetExampleInfo),
 // served as raw bytes so that vector payloads go out as their own slice
 // (grpc_wire.h). The query runs on the worker pool, never on a gRPC thread.
 #ifndef SHARDCAST_SERVER_TRANSPORT_QUERY_REACTOR_H_

@@ -534,6 +534,98 @@ def test_get_vectors_empty_request(stubs, query, datasets):
     assert list(reply.shape) == [0, ds.D] and reply.data == b""
 
 
+def stream_vectors(stubs, query, dataset_id, coords):
+    """StreamVectors' parts, each checked on its own: shape and sizes."""
+    req = stubs.pb2.GetVectorsRequest(dataset=dataset_id)
+    for e, l, t in coords:
+        req.coordinates.add(example=e, layer=l, token=t)
+    return list(query.StreamVectors(req, timeout=RPC_TIMEOUT))
+
+
+def assemble(parts, n, d):
+    """The [n, d] result the parts make, checking that every row comes
+    exactly once and every part carries len(rows) x d floats."""
+    out = bytearray(n * d * 4)
+    seen = np.zeros(n, dtype=np.int64)
+    for part in parts:
+        assert list(part.shape) == [n, d], part.shape
+        assert len(part.data) == len(part.rows) * d * 4, (len(part.data), len(part.rows))
+        for i, r in enumerate(part.rows):
+            assert 0 <= r < n, r
+            seen[r] += 1
+            out[r * d * 4:(r + 1) * d * 4] = part.data[i * d * 4:(i + 1) * d * 4]
+    assert (seen == 1).all(), f"rows not exactly once: {np.flatnonzero(seen != 1)[:10]}"
+    return bytes(out)
+
+
+def evict(ds):
+    """Drops the shards from the page cache, so that reads complete one by
+    one and a StreamVectors reply comes in several parts (a hint: the parts
+    must add up whether or not it takes)."""
+    for shard in ds.path.glob("acts*.bin"):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_stream_vectors_parts_make_the_numpy_result(stubs, query, datasets, daemon):
+    rng = np.random.default_rng(20261126)
+    for ds in served(datasets):
+        coords = ds.random_coords(rng, 300)
+        evict(ds)
+        parts = stream_vectors(stubs, query, ds.id, coords)
+        assert parts, ds.id
+        got = assemble(parts, len(coords), ds.D)
+        assert got == expected_bytes(ds, coords), f"{ds.id}: {first_mismatch(ds, coords, got)}"
+    # An empty request is one part holding no rows, with the result's shape.
+    ds = datasets.by_name["main"]
+    parts = stream_vectors(stubs, query, ds.id, [])
+    assert len(parts) == 1 and list(parts[0].shape) == [0, ds.D] and not parts[0].rows
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
+def test_stream_vectors_errors_and_a_client_leaving_mid_call(stubs, query, datasets, daemon):
+    ds = datasets.by_name["main"]
+    bad = [(0, ds.layers[0], 0), (ds.n, ds.layers[0], 0)]
+    expect_error(lambda: stream_vectors(stubs, query, ds.id, bad),
+                 grpc.StatusCode.OUT_OF_RANGE, "coordinates[1]")
+    expect_error(lambda: stream_vectors(stubs, query, "0123456789abcdef", [(0, ds.layers[0], 0)]),
+                 grpc.StatusCode.NOT_FOUND)
+    # A client that reads one part and cancels: the daemon ends the call and
+    # serves the next ones. The worker reads 256 vectors at a time, so a
+    # request of thousands comes in several parts even from the page cache,
+    # and a reply of megabytes outgrows HTTP/2's flow-control window while
+    # the client is not reading: parts are still queued when it cancels.
+    n = min(20000, (8 << 20) // (ds.D * 4))
+    coords = ds.random_coords(np.random.default_rng(9), n)
+    req = stubs.pb2.GetVectorsRequest(dataset=ds.id)
+    for e, l, t in coords:
+        req.coordinates.add(example=e, layer=l, token=t)
+    for _ in range(5):
+        call = query.StreamVectors(req, timeout=RPC_TIMEOUT)
+        first = next(call)
+        assert 0 < len(first.rows) < n, len(first.rows)
+        call.cancel()
+    port = daemon.http_port()
+
+    def in_flight():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return float(re.search(r"^shardcast_calls_in_flight (\S+)$", text, re.M).group(1))
+
+    deadline = time.monotonic() + 10
+    while in_flight() > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_flight() == 0, "cancelled StreamVectors calls are still in flight"
+    parts = stream_vectors(stubs, query, ds.id, coords)
+    assert len(parts) > 1, len(parts)
+    got = assemble(parts, len(coords), ds.D)
+    assert got == expected_bytes(ds, coords)
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
 def test_get_example_equal_numpy(stubs, query, datasets):
     rng = np.random.default_rng(7)
     for ds in served(datasets):

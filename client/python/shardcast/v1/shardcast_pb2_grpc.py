@@ -155,6 +155,11 @@ class QueryStub(object):
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
                 response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.Vectors.FromString,
                 )
+        self.StreamVectors = channel.unary_stream(
+                '/shardcast.v1.Query/StreamVectors',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.VectorRows.FromString,
+                )
         self.GetExample = channel.unary_unary(
                 '/shardcast.v1.Query/GetExample',
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetExampleRequest.SerializeToString,
@@ -179,6 +184,19 @@ class QueryServicer(object):
     def GetVectors(self, request, context):
         """The vectors of a list of (example, layer, token) coordinates, in request
         order: data holds [len(coordinates), d_model] float32.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamVectors(self, request, context):
+        """The same vectors in parts, sent as the daemon's reads complete, so the
+        first parts travel while later reads are still on the disk: for large
+        requests of vectors that may not be in memory. Each part names the rows
+        of the [len(coordinates), d_model] result it holds; together the parts
+        hold every row exactly once, in no particular order. Errors as
+        GetVectors'; a read that fails after some parts ends the call with
+        DATA_LOSS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,6 +234,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.GetVectors,
                     request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.FromString,
                     response_serializer=shardcast_dot_v1_dot_shardcast__pb2.Vectors.SerializeToString,
+            ),
+            'StreamVectors': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamVectors,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.VectorRows.SerializeToString,
             ),
             'GetExample': grpc.unary_unary_rpc_method_handler(
                     servicer.GetExample,
@@ -257,6 +280,23 @@ class Query(object):
         return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Query/GetVectors',
             shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
             shardcast_dot_v1_dot_shardcast__pb2.Vectors.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StreamVectors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/shardcast.v1.Query/StreamVectors',
+            shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.VectorRows.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
