@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "client/call_combiner.h"
 #include "client/shared_memory_internal.h"
+#include "client/vector_rows.h"
 #include "common/file.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -235,16 +237,15 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number,
   } else if (region != nullptr) {
     vectors_ok = b.has_slot() && b.slot() < region->slots() &&
                  b.vectors().empty() && rows >= 0 && d_model >= 0 &&
-                 (d_model == 0 ||
-                  static_cast<uint64_t>(rows) <=
-                      region->slot_bytes() / static_cast<uint64_t>(element) /
-                          static_cast<uint64_t>(d_model));
+                 (d_model == 0 || static_cast<uint64_t>(rows) <=
+                                      region->slot_bytes() /
+                                          static_cast<uint64_t>(element) /
+                                          static_cast<uint64_t>(d_model));
   } else {
-    vectors_ok =
-        d_model == 0
-            ? rows >= 0 && b.vectors().empty()
-            : d_model > 0 && d_model <= INT64_MAX / 4 &&
-                  HoldsRows(b.vectors(), rows, d_model * element);
+    vectors_ok = d_model == 0
+                     ? rows >= 0 && b.vectors().empty()
+                     : d_model > 0 && d_model <= INT64_MAX / 4 &&
+                           HoldsRows(b.vectors(), rows, d_model * element);
   }
   const bool layer_ok = b.layer().empty() || HoldsRows(b.layer(), rows, 8);
   const bool labels_ok = b.labels().empty() || HoldsRows(b.labels(), rows, 1);
@@ -255,9 +256,9 @@ absl::Status CheckBatch(const v1::Batch& b, int64_t number,
   std::string message = absl::StrCat(
       "batch ", number, " (epoch ", b.epoch(), ", index ", b.index(),
       ") is malformed: ", rows, " rows, d_model ", d_model, ", dtype ",
-      static_cast<int>(b.dtype()), ", ", b.vectors().size(),
-      " vector bytes, ", b.example_idx().size(),
-      " example_idx bytes, ", b.token_idx().size(), " token_idx bytes");
+      static_cast<int>(b.dtype()), ", ", b.vectors().size(), " vector bytes, ",
+      b.example_idx().size(), " example_idx bytes, ", b.token_idx().size(),
+      " token_idx bytes");
   if (region != nullptr) {
     absl::StrAppend(
         &message, ", slot ", b.has_slot() ? absl::StrCat(b.slot()) : "none",
@@ -376,8 +377,7 @@ absl::Span<const uint16_t> Batch::vectors16() const {
       reinterpret_cast<const uint16_t*>(bytes.data()), bytes.size() / 2);
 }
 StreamRequest::DType Batch::dtype() const {
-  return static_cast<StreamRequest::DType>(
-      BatchAccess::Message(*this).dtype());
+  return static_cast<StreamRequest::DType>(BatchAccess::Message(*this).dtype());
 }
 const std::string& Batch::transform() const {
   return BatchAccess::Message(*this).transform();
@@ -415,10 +415,9 @@ struct Client::Impl {
             },
             options.query_calls_in_flight, kMaxCombinedVectors) {}
 
-  // One GetVectors call on the calling thread.
+  // One GetVectors (or StreamVectors) call on the calling thread.
   absl::StatusOr<VectorBlock> CallGetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords) {
-    grpc::ClientContext ctx;
     v1::GetVectorsRequest req;
     req.set_dataset(dataset);
     for (const VectorCoord& c : coords) {
@@ -427,9 +426,47 @@ struct Client::Impl {
       p->set_layer(c.layer);
       p->set_token(c.token);
     }
+    const int64_t n = static_cast<int64_t>(coords.size());
+    if (options.stream_vectors_from > 0 && n >= options.stream_vectors_from &&
+        !no_stream_vectors.load(std::memory_order_relaxed)) {
+      std::optional<absl::StatusOr<VectorBlock>> streamed =
+          CallStreamVectors(req, n);
+      if (streamed.has_value()) return std::move(*streamed);
+      no_stream_vectors.store(true, std::memory_order_relaxed);
+    }
+    grpc::ClientContext ctx;
     auto resp = std::make_shared<v1::Vectors>();
     RETURN_IF_ERROR(FromGrpcStatus(query->GetVectors(&ctx, req, resp.get())));
     return ToBlock(std::move(resp));
+  }
+
+  // StreamVectors: the parts put together (vector_rows.h). nullopt when
+  // the daemon does not know the method (an older one).
+  std::optional<absl::StatusOr<VectorBlock>> CallStreamVectors(
+      const v1::GetVectorsRequest& req, int64_t n) {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::VectorRows>> reader =
+        query->StreamVectors(&ctx, req);
+    internal_client::RowAssembler rows(n);
+    auto part = std::make_shared<v1::VectorRows>();
+    absl::Status bad;
+    bool any = false;
+    while (reader->Read(part.get())) {
+      any = true;
+      if (!bad.ok()) continue;  // draining after a cancel
+      // A part of every row in order (the reads were all done at once) is
+      // viewed where it is; the others are copied into place.
+      bad = rows.Add(part->shape(), part->rows(), part->data(), part);
+      if (!bad.ok()) ctx.TryCancel();
+      part = std::make_shared<v1::VectorRows>();
+    }
+    const grpc::Status st = reader->Finish();
+    if (!bad.ok()) return bad;
+    if (!any && st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return std::nullopt;
+    }
+    if (!st.ok()) return FromGrpcStatus(st);
+    return rows.Finish();
   }
 
   // Requests queued together go out as one call of at most this many
@@ -444,6 +481,8 @@ struct Client::Impl {
   std::unique_ptr<v1::Query::Stub> query;
   std::unique_ptr<v1::Stream::Stub> stream;
   internal_client::CallCombiner vectors;  // GetVectors calls
+  // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.
+  std::atomic<bool> no_stream_vectors{false};
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -45,6 +45,13 @@ struct ClientOptions {
   /// vectors each then cost the daemon a few calls instead of one each
   /// (tests/bench/RESULTS.md, random access). 0: one call per request.
   int query_calls_in_flight = 4;
+  /// GetVectors calls of at least this many vectors (a request, or
+  /// requests sharing a call) use StreamVectors: the daemon sends the
+  /// vectors in parts as its reads complete, so most of the reply has
+  /// arrived when the last read does (tests/bench/RESULTS.md, random
+  /// access). Smaller calls are one unary reply. 0: never stream. A daemon
+  /// without StreamVectors gets unary calls.
+  int64_t stream_vectors_from = 64;
 };
 
 /// One vector/coordinate request.
@@ -110,7 +117,7 @@ struct DaemonStatus {
     };
     std::string dataset;
     std::string selection;  // e.g. "layer 12, content tokens"
-    std::string io;  // "direct", "buffered" or "buffered-random"
+    std::string io;         // "direct", "buffered" or "buffered-random"
     int64_t blocks = 0;     // blocks in the selection
     int64_t cycle = 0;      // permutation cycle the scan is in
     int64_t position = 0;   // position in the cycle
@@ -120,7 +127,7 @@ struct DaemonStatus {
   };
   std::string version;
   double uptime_seconds = 0;
-  int64_t node_rank = 0;   // node group of streams that name none
+  int64_t node_rank = 0;  // node group of streams that name none
   int64_t node_count = 1;
   int64_t connected_clients = 0;  // calls in flight
   uint64_t calls_total = 0;

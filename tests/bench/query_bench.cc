@@ -55,6 +55,10 @@ const std::vector<OptionSpec> kSpecs = {
      "the Client's query_calls_in_flight: calls its threads may have running "
      "before further requests queue and share a call (default: the "
      "library's, 4; 0 = one call per request)"},
+    {"stream-from", "N",
+     "the Client's stream_vectors_from: calls of at least N vectors use "
+     "StreamVectors, parts sent as the reads complete (default: the "
+     "library's, 64; 0 = never)"},
     {"warmup-calls", "N", "untimed single calls before timing (default 16)"},
     {"seed", "S", "seed of the random coordinates (default 1)"},
     {"malloc-keep", nullptr,
@@ -322,14 +326,22 @@ int Main(int argc, char** argv) {
     return Usage("--mode must be single, batch or both");
   }
   ClientOptions options;
-  int64_t ints[9];
-  const char* names[9] = {
-      "calls",   "batch", "batch-calls",  "threads",
-      "seconds", "seed",  "warmup-calls", "verify-synth-seed",
-      "calls-in-flight"};
-  const int64_t defaults[9] = {20000, 256, 200, 1, 10, 1, 16, -1,
-                               options.query_calls_in_flight};
-  for (int i = 0; i < 9; ++i) {
+  int64_t ints[10];
+  const char* names[10] = {
+      "calls",           "batch",      "batch-calls",  "threads",
+      "seconds",         "seed",       "warmup-calls", "verify-synth-seed",
+      "calls-in-flight", "stream-from"};
+  const int64_t defaults[10] = {20000,
+                                256,
+                                200,
+                                1,
+                                10,
+                                1,
+                                16,
+                                -1,
+                                options.query_calls_in_flight,
+                                options.stream_vectors_from};
+  for (int i = 0; i < 10; ++i) {
     absl::StatusOr<int64_t> v = args->GetInt(names[i], defaults[i]);
     if (!v.ok()) return Usage(std::string(v.status().message()));
     if (*v < 0 && i != 7)
@@ -352,6 +364,7 @@ int Main(int argc, char** argv) {
   }
 
   options.query_calls_in_flight = static_cast<int>(ints[8]);
+  options.stream_vectors_from = ints[9];
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(address, options);
   if (!client.ok()) {
@@ -394,6 +407,7 @@ int Main(int argc, char** argv) {
   out["total_vectors"] = g.total_vectors();
   out["threads"] = threads;
   out["calls_in_flight"] = options.query_calls_in_flight;
+  out["stream_from"] = options.stream_vectors_from;
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;

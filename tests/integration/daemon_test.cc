@@ -516,7 +516,8 @@ SharedCallsOutcome RunThreadsOfOneClient(
     pool.emplace_back([&, c] {
       std::mt19937_64 rng(500 + c);
       for (int i = 0; i < requests; ++i) {
-        const int n = 1 + static_cast<int>(rng() % static_cast<unsigned>(max_n));
+        const int n =
+            1 + static_cast<int>(rng() % static_cast<unsigned>(max_n));
         std::vector<VectorCoord> coords;
         for (int k = 0; k < n; ++k) {
           coords.push_back({static_cast<int64_t>(rng() % 40),
@@ -558,6 +559,84 @@ SharedCallsOutcome RunThreadsOfOneClient(
   return {wrong_rows.load(), wrong_results.load()};
 }
 
+// ClientOptions::stream_vectors_from: calls of that many vectors or more go
+// as StreamVectors (parts in completion order, put back together by the
+// library), the others as GetVectors; both give the generator's values, and
+// the errors of GetVectors. The daemon's debug log shows which method ran.
+TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
+  daemon_ = StartDaemon();
+  std::mt19937_64 rng(17);
+  std::vector<VectorCoord> coords;
+  for (int i = 0; i < 500; ++i) {
+    coords.push_back({static_cast<int64_t>(rng() % 40), rng() % 2 ? 6 : -2,
+                      static_cast<int64_t>(rng() % 17)});
+  }
+  for (int64_t from : {int64_t{0}, int64_t{1}, int64_t{64}}) {
+    SCOPED_TRACE(absl::StrCat("stream_vectors_from ", from));
+    ClientOptions options;
+    options.stream_vectors_from = from;
+    auto client = Client::Connect("unix:" + socket_, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{500}}) {
+      std::vector<VectorCoord> some(coords.begin(), coords.begin() + n);
+      auto block = (*client)->GetVectors(main_id_, some);
+      ASSERT_TRUE(block.ok()) << block.status();
+      ASSERT_EQ(block->shape,
+                (std::vector<int64_t>{static_cast<int64_t>(n), 32}));
+      for (size_t i = 0; i < n; ++i) {
+        for (int64_t k = 0; k < 32; k += 7) {
+          ASSERT_EQ(block->values[i * 32 + static_cast<size_t>(k)],
+                    Expected(some[i].example, some[i].layer == 6 ? 1 : 0,
+                             some[i].token, k))
+              << "coordinate " << i << " of " << n;
+        }
+      }
+    }
+    std::vector<VectorCoord> bad = coords;
+    bad[77].example = 40;
+    auto r = (*client)->GetVectors(main_id_, bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("coordinates[77]"),
+              std::string::npos)
+        << r.status();
+  }
+  const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
+  EXPECT_NE(log.find("call /shardcast.v1.Query/StreamVectors"),
+            std::string::npos);
+  EXPECT_NE(log.find("call /shardcast.v1.Query/GetVectors"), std::string::npos);
+}
+
+// A shard that turns out short while a streamed call's parts are going out:
+// the call fails with DATA_LOSS naming the file (never a partial block), and
+// the daemon serves the next calls.
+TEST_F(DaemonTest, TruncatedShardEndsAStreamedCallWithDataLoss) {
+  daemon_ = StartDaemon();
+  ClientOptions options;
+  options.stream_vectors_from = 1;
+  auto client = Client::Connect("unix:" + socket_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string shard =
+      JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
+  ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
+  // Shard 0 (examples 0-19) is whole; example 30 lies in the lost part.
+  // The worker has 256 reads in flight at most, so the read of example 30
+  // (coordinate 300) starts after the first parts have gone out.
+  std::vector<VectorCoord> coords;
+  for (int64_t i = 0; i < 300; ++i) {
+    coords.push_back({i % 20, i % 3 ? 6 : -2, i % 17});
+  }
+  coords.push_back({30, 6, 3});
+  auto r = (*client)->GetVectors(main_id_, coords);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"),
+            std::string::npos)
+      << r.status();
+  coords.pop_back();
+  auto ok = (*client)->GetVectors(main_id_, coords);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->values[32 * 20], Expected(0, 1, 3, 0));
+}
+
 // With one call in flight, the requests of a Client's threads that arrive
 // meanwhile share a call (ClientOptions::query_calls_in_flight): fewer
 // calls reach the daemon, and every request still gets exactly its own
@@ -566,6 +645,7 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
   daemon_ = StartDaemon();
   ClientOptions options;
   options.query_calls_in_flight = 1;
+  options.stream_vectors_from = 8;  // combined calls of 8 or more stream
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int kThreads = 12, kRequests = 30;
@@ -587,6 +667,7 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   daemon_ = StartDaemon({"--max-bytes-per-call", "1024"});
   ClientOptions options;
   options.query_calls_in_flight = 1;
+  options.stream_vectors_from = 4;  // the limit applies to streamed calls
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
   const SharedCallsOutcome out = RunThreadsOfOneClient(
