@@ -198,6 +198,47 @@ def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
             assert "coordinates[2]" in str(e.value), e.value
 
 
+def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, datasets):
+    """get_vectors of STREAM_VECTORS_FROM coordinates or more goes as
+    StreamVectors (shardcast_queries_streamed_total counts it) and, cold or
+    cached, equals numpy in request order; one fewer is a unary call. A bad
+    coordinate is refused the same way on both paths."""
+    import re
+    from sysprobe import evict, metric_samples
+    d = start_daemon("--http", "127.0.0.1:0")
+    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)",
+                         d.log.read_text()).group(1))
+    r = datasets.main
+    files = sorted(str(p) for p in r.path.glob("acts*.bin"))
+    rng = np.random.default_rng(23)
+    n = shardcast._client.STREAM_VECTORS_FROM
+    coords = [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+               int(rng.integers(r.T))) for _ in range(5 * n)]
+    want = np.stack([r.vector(*c) for c in coords])
+
+    def streamed():
+        return metric_samples(port)["shardcast_queries_streamed_total"]
+
+    with shardcast.Client(d.address) as client:
+        for label in ("cold", "cached"):
+            if label == "cold":
+                evict(files)
+            before = streamed()
+            got = client.get_vectors(r.id, coords)
+            assert got.dtype == np.float32 and got.shape == (len(coords), r.D)
+            ref.assert_f32_equal(got, want, f"{label}, {len(coords)} vectors")
+            assert streamed() == before + 1, label
+        before = streamed()
+        ref.assert_f32_equal(client.get_vectors(r.id, coords[:n]), want[:n], "n")
+        assert streamed() == before + 1
+        ref.assert_f32_equal(client.get_vectors(r.id, coords[:n - 1]), want[:n - 1], "n - 1")
+        assert streamed() == before + 1, "a call under the threshold was streamed"
+        bad = coords[:100] + [(r.N, r.layers[0], 0)]
+        with pytest.raises(shardcast.Error) as e:
+            client.get_vectors(r.id, bad)
+        assert e.value.code == "OUT_OF_RANGE" and "coordinates[100]" in str(e.value), e.value
+
+
 def test_get_example_equal_numpy(start_daemon, datasets):
     """get_example(e, layer) is [T, D] and get_example(e) is [L, T, D], equal
     to numpy's read of the example, for every example of every dataset."""

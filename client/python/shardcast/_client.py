@@ -49,6 +49,11 @@ def bfloat16_to_float32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 ADDRESS_VARIABLE = "SHARDCAST_ADDRESS"
 
+# get_vectors of this many coordinates or more uses StreamVectors: the daemon
+# sends the vectors in parts as its reads complete, so most of the reply has
+# arrived when the last read does (the C++ client's stream_vectors_from).
+STREAM_VECTORS_FROM = 64
+
 
 class Error(Exception):
     """A failed call: `code` is the gRPC status code's name ("NOT_FOUND",
@@ -291,6 +296,7 @@ class Client:
                 "the first shardcast.Client only inside the workers"))
         _channel_opened = True
         self.address = address
+        self._stream_vectors = True  # until a daemon without StreamVectors
         self.shared_memory = shared_memory
         self.slots = max(2, min(16, int(slots)))
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -347,7 +353,54 @@ class Client:
         request = pb.GetVectorsRequest(dataset=dataset, coordinates=[
             pb.Coordinate(example=int(e), layer=int(l), token=int(t))
             for e, l, t in coords])
+        if len(coords) >= STREAM_VECTORS_FROM and self._stream_vectors:
+            try:
+                return self._streamed_vectors(request, len(coords))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise Error._from_rpc(e) from None
+                self._stream_vectors = False  # an older daemon
         return self._vectors(_call(self._query.GetVectors, request))
+
+    def _streamed_vectors(self, request, n):
+        """StreamVectors' parts (sent as the daemon's reads complete, in no
+        order) put back into the [n, D] result; DATA_LOSS when they do not
+        add up. Raises grpc.RpcError from the call itself."""
+        call = self._query.StreamVectors(request)
+        try:
+            return self._assemble(call, n)
+        finally:
+            call.cancel()  # a no-op once the call has ended
+
+    @staticmethod
+    def _assemble(parts, n):
+        out, seen, received = None, None, 0
+        for part in parts:
+            shape = tuple(part.shape)
+            if len(shape) != 2 or shape[0] != n or shape[1] < 0 or \
+                    (out is not None and shape != out.shape):
+                raise Error("DATA_LOSS", f"StreamVectors part of shape {shape} for a "
+                            f"request of {n} vectors")
+            d = shape[1]
+            rows = np.asarray(part.rows, dtype=np.int64)
+            if len(part.data) != rows.size * d * 4:
+                raise Error("DATA_LOSS", f"StreamVectors part of {rows.size} rows of {d} "
+                            f"floats carries {len(part.data)} bytes")
+            if out is None:
+                out = np.empty((n, d), dtype=np.float32)
+                seen = np.zeros(n, dtype=bool)
+            if rows.size and (rows.min() < 0 or rows.max() >= n or seen[rows].any() or
+                              np.unique(rows).size != rows.size):
+                raise Error("DATA_LOSS", "StreamVectors part with a row out of range "
+                            "or sent twice")
+            seen[rows] = True
+            received += rows.size
+            out[rows] = np.frombuffer(part.data, dtype=np.float32).reshape(rows.size, d)
+        if out is None or received != n:
+            raise Error("DATA_LOSS", f"StreamVectors ended with {n - received} of {n} "
+                        "rows missing" if out is not None else
+                        "StreamVectors ended without a part")
+        return out
 
     def get_example(self, dataset, example, layer=None):
         """float32 [T, D] of one layer of an example, or [L, T, D]."""
