@@ -21,6 +21,8 @@
 #                  reads in flight; on the 2-core VM fio qd256 is 3-6 % above
 #                  qd64 on the same reads)
 #   CONC           client threads of the concurrent cold run (default 16)
+#   PAIRS          alternating pairs of the 256/call phase and its fio
+#                  reference (default 3; 0: none)
 #
 # What runs, in order (every cold step starts with `vmtouch -e` of the shards):
 #   fio randread bs=4k, buffered (like the daemon) and O_DIRECT, at iodepth 1
@@ -33,7 +35,10 @@
 #   per request; fio again, no hint, at $FIO_QD and $CONC reading as many
 #   blocks as the batched and the concurrent phase (the references with the
 #   targets); the bare gRPC unary loop from $CONC threads (grpc_stream_bench,
-#   the ceiling of one call per request); then `vmtouch -t` and query_bench
+#   the ceiling of one call per request); $PAIRS pairs of the 256/call phase
+#   (--malloc-keep) each followed at once by fio on as many reads (the disk's
+#   speed drifts by +-20 % over minutes here: the 256/call verdict is the
+#   median of the pairs' ratios); then `vmtouch -t` and query_bench
 #   warm (1 and 256 per call, 256 with --malloc-keep). Prints a table of
 #   ratios and leaves the raw JSON in $BENCH_DIR/results.json.
 set -euo pipefail
@@ -45,6 +50,7 @@ BENCH_EXAMPLES=${BENCH_EXAMPLES:-1024}
 FIO_SECONDS=${FIO_SECONDS:-10}
 FIO_QD=${FIO_QD:-256}
 CONC=${CONC:-16}
+PAIRS=${PAIRS:-3}
 
 die() { echo "run_query_bench: $*" >&2; exit 1; }
 
@@ -175,6 +181,17 @@ conc_bytes=$(payload "$OUT/cold_single_conc.json" single)
 run_fio "buffered_qd${FIO_QD}_nohint_same" 0 "$FIO_QD" io_uring 0 "$deep_bytes"
 run_fio "buffered_qd${CONC}_nohint_same" 0 "$CONC" io_uring 0 "$conc_bytes"
 
+# The 256/call phase again, each time followed at once by its fio reference:
+# measured minutes apart, the two see different disks.
+if (( PAIRS > 0 )); then
+  echo "== cold 256/call, then fio qd$FIO_QD no hint on as many reads: $PAIRS pairs"
+  for p in $(seq "$PAIRS"); do
+    cold "pair${p}_batch_keep" --mode batch --batch 256 --batch-calls 800 --malloc-keep
+    run_fio "buffered_qd${FIO_QD}_nohint_pair$p" 0 "$FIO_QD" io_uring 0 \
+      "$(payload "$OUT/pair${p}_batch_keep.json" batch)"
+  done
+fi
+
 # The most unary calls $CONC threads get through gRPC here with an empty
 # handler (no disk, no data): the ceiling of one call per request.
 if [[ -x $BUILD_DIR/grpc_stream_bench ]]; then
@@ -196,9 +213,9 @@ vmtouch -q -t "${SHARDS[@]}"
 cleanup; DPID=""
 
 # 6. Report.
-"$PY" - "$OUT" "$FIO_QD" "$CONC" "$((SECONDS - start_s))" <<'EOF'
-import json, os, sys, datetime
-out, qd, conc, secs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+"$PY" - "$OUT" "$FIO_QD" "$CONC" "$((SECONDS - start_s))" "$PAIRS" <<'EOF'
+import json, os, statistics, sys, datetime
+out, qd, conc, secs, npairs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 def load(n): return json.load(open(os.path.join(out, n)))
 fio_jobs = {n[4:-5]: load(n)["jobs"][0]["read"] for n in os.listdir(out) if n.startswith("fio_")}
 fio = {k: v["iops"] for k, v in fio_jobs.items()}
@@ -227,6 +244,16 @@ for name, v, ref, tgt in rows:
     r = v / fio[ref]
     t = "" if tgt is None else (f">= {tgt}: " + ("met" if r >= tgt else "NOT met"))
     print(f"{name:<40}{v:>10.0f}{ref:>28}{fio[ref]:>10.0f}{r:>7.2f}  {t}")
+pairs = [{"shardcast": B(load(f"pair{p}_batch_keep.json")),
+          "fio": fio[f"buffered_qd{qd}_nohint_pair{p}"]} for p in range(1, npairs + 1)]
+if pairs:
+    ratios = [x["shardcast"] / x["fio"] for x in pairs]
+    r = statistics.median(ratios)
+    print(f"{'cold 256 vec/call, --malloc-keep, paired':<40}"
+          f"{statistics.median(x['shardcast'] for x in pairs):>10.0f}"
+          f"{f'buffered_qd{qd}_nohint_pair*':>28}{statistics.median(x['fio'] for x in pairs):>10.0f}"
+          f"{r:>7.2f}  >= 0.8: {'met' if r >= 0.8 else 'NOT met'} (median of "
+          + " / ".join(f"{x:.2f}" for x in ratios) + ")")
 print()
 print(f"fio jobs named *_same read as many blocks as the --malloc-keep 256/call phase (qd{qd}) "
       f"and the {conc}-thread phase (qd{conc})")
@@ -267,7 +294,7 @@ print(f"values checked against the synth formula: {'all equal' if bad == 0 else 
 print(f"total time {secs} s; load average at the end: {open('/proc/loadavg').read().split()[:3]}")
 json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
            "fio_qd": int(qd), "conc": int(conc), "fio_iops": fio, "cold_single": cs, "cold_batch": cb,
-           "cold_batch_keep": ck, "cold_single_conc": cc,
+           "cold_batch_keep": ck, "pairs": pairs, "cold_single_conc": cc,
            "cold_single_conc_alone": ca, "unary_conc": unary, "warm": w,
            "warm_batch_keep": wk},
           open(os.path.join(os.path.dirname(out), "results.json"), "w"), indent=1)
