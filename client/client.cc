@@ -130,6 +130,7 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   out.uptime_seconds = s.uptime_seconds();
   out.node_rank = s.node_rank();
   out.node_count = std::max<int64_t>(1, s.node_count());
+  out.query_threads = s.query_threads();
   out.connected_clients = s.connected_clients();
   out.calls_total = s.calls_total();
   out.calls_failed = s.calls_failed();

@@ -129,6 +129,7 @@ struct DaemonStatus {
   double uptime_seconds = 0;
   int64_t node_rank = 0;  // node group of streams that name none
   int64_t node_count = 1;
+  int64_t query_threads = 0;      // the daemon's worker threads
   int64_t connected_clients = 0;  // calls in flight
   uint64_t calls_total = 0;
   uint64_t calls_failed = 0;

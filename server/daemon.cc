@@ -321,6 +321,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   context.local = d->local.get();
   context.shm = d->shm.get();
   context.pool = d->pool.get();
+  d->metrics.query_threads = d->pool->threads();
   context.metrics = &d->metrics;
   context.buffers = d->buffers.get();
   context.serving = &d->serving;

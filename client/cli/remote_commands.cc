@@ -434,6 +434,7 @@ int RunStatus(const Args& args) {
   OrderedJson j;
   j["version"] = s->version;
   j["uptime_seconds"] = s->uptime_seconds;
+  j["query_threads"] = s->query_threads;
   j["connected_clients"] = s->connected_clients;
   j["calls_total"] = s->calls_total;
   j["calls_failed"] = s->calls_failed;

@@ -76,6 +76,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_version(kShardcastVersion);
   response->set_node_rank(context_.engine->node_group().first);
   response->set_node_count(context_.engine->node_group().second);
+  response->set_query_threads(context_.pool->threads());
   response->set_uptime_seconds(
       absl::ToDoubleSeconds(absl::Now() - m.start_time));
   response->set_connected_clients(m.calls_in_flight.load());

@@ -103,6 +103,9 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          calls_in_flight.load());
   metric("shardcast_calls_total", "counter", "Calls received.",
          calls_total.load());
+  metric("shardcast_query_threads", "gauge",
+         "Worker threads serving queries and assembling stream batches.",
+         query_threads);
   metric("shardcast_queries_inline_total", "counter",
          "GetVectors calls answered from the page cache without a worker "
          "thread.",

@@ -22,6 +22,8 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void Submit(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  /// How many threads the pool runs.
+  int threads() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Loop();

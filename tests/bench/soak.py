@@ -838,14 +838,13 @@ class Soak:
                            self.address, "--http", f"127.0.0.1:{self.http_port}"
                            ] + DAEMON_FLAGS + a.daemon_arg
         self.daemon_log = self.logs / "shardcastd.log"
-        # shardcastd's default (half the cores it may use, 4 to 16), unless overridden.
-        self.query_threads = min(16, max(4, len(os.sched_getaffinity(0)) // 2))
-        for i, x in enumerate(self.daemon_cmd):
-            if x.startswith("--query-threads"):
-                v = x.split("=", 1)[1] if "=" in x else self.daemon_cmd[i + 1]
-                if int(v) > 0:  # -1: the default
-                    self.query_threads = int(v)
         self._start_daemon()
+        # The worker threads the daemon chose (--query-threads or its default
+        # for the cores it may use): each may open one io_uring ring.
+        self.query_threads = self._admin("GetStatus").query_threads
+        if self.query_threads < 1:
+            raise SystemExit("soak: shardcastd reports no query_threads in GetStatus "
+                             "(a daemon older than this script?)")
         self.metas = {}
         for key, dsid in self.ids.items():
             d = self._admin("DescribeDataset", dsid)

@@ -3,6 +3,7 @@
 // synthetic generator's formula evaluated at the protocol offsets, not from
 // the reader or the daemon.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1021,6 +1022,7 @@ TEST_F(DaemonTest, ConfigFileGivesTheSameSettingsAsFlags) {
   std::ofstream(config) << "{\"roots\": [\"" << root_
                         << "\"], \"listen\": \"unix:" << socket_
                         << "\", \"max_vectors_per_call\": 3, "
+                        << "\"query_threads\": 3, "
                         << "\"log_level\": \"warning\"}";
   daemon_ = std::make_unique<DaemonProcess>(
       std::vector<std::string>{"--config", config},
@@ -1032,6 +1034,23 @@ TEST_F(DaemonTest, ConfigFileGivesTheSameSettingsAsFlags) {
   EXPECT_EQ(
       client->GetVectors(main_id_, std::vector<VectorCoord>(4)).status().code(),
       absl::StatusCode::kResourceExhausted);
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->query_threads, 3);
+}
+
+// Without --query-threads the daemon runs half the cores it may use, 4 to
+// 16 (`shardcastd --help`), and says how many in its status.
+TEST_F(DaemonTest, StatusSaysHowManyQueryThreadsRun) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->query_threads, std::clamp(cores / 2, 4, 16));
 }
 
 TEST_F(DaemonTest, BadConfigFileIsAUsageErrorNamingTheKey) {
