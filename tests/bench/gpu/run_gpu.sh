@@ -24,9 +24,10 @@
 #        A 15-minute lease (2026-11-26: the machine started in ~30 s; synth of the two
 #        6000-example datasets 45 s; the warm step with REPEAT=3 ran past 305 s) fits one
 #        call like
-#          PHASES="warm cold" WARM_S=330 COLD_S=200 EXAMPLES=6000 WARM_EPOCHS=1 REPEAT=2 \
-#            COLD_ROWS="l1of4:4 l1of4:8" bash tests/bench/gpu/run_gpu.sh all   (timeout_s 590)
-#        COLD_ROWS (run_matrix.sh) re-measures chosen cold rows only.
+#          PHASES="warm cold" WARM_S=340 COLD_S=190 EXAMPLES=6000 WARM_EPOCHS=1 REPEAT=2 \
+#            PAIRS=2 COLD_ROWS="l1of4:4 l1of4:8" bash tests/bench/gpu/run_gpu.sh all   (timeout_s 590)
+#        COLD_ROWS (run_matrix.sh) re-measures chosen cold rows only; PAIRS
+#        (run_query_bench.sh) the alternating 256/call-and-fio pairs (~12 s each).
 #
 # Locally (no GPU), DEVICE=cpu EX_FEED=64 MAX_S=2 runs the feed phase as a smoke test
 # with build/ instead of .dev/. The daemon runs with its defaults throughout.
