@@ -448,7 +448,7 @@ struct Client::Impl {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<v1::VectorRows>> reader =
         query->StreamVectors(&ctx, req);
-    internal_client::RowAssembler rows(n);
+    internal_client::RowAssembler rows(n, kMaxMessageBytes);
     auto part = std::make_shared<v1::VectorRows>();
     absl::Status bad;
     bool any = false;

@@ -1,6 +1,8 @@
 #include "client/vector_rows.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,8 +18,10 @@ absl::Status Bad(absl::string_view what) {
 
 }  // namespace
 
-RowAssembler::RowAssembler(int64_t rows)
-    : n_(rows), seen_(static_cast<size_t>(rows < 0 ? 0 : rows), false) {}
+RowAssembler::RowAssembler(int64_t rows, uint64_t max_bytes)
+    : n_(rows),
+      max_bytes_(max_bytes),
+      seen_(static_cast<size_t>(rows < 0 ? 0 : rows), false) {}
 
 absl::Status RowAssembler::Add(absl::Span<const int64_t> shape,
                                absl::Span<const int64_t> rows,
@@ -31,6 +35,14 @@ absl::Status RowAssembler::Add(absl::Span<const int64_t> shape,
     return Bad(absl::StrCat("a part has d_model ", shape[1],
                             " after parts with ", d_));
   }
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(n_),
+                             static_cast<uint64_t>(shape[1]), &total) ||
+      total > max_bytes_ / sizeof(float)) {
+    return Bad(absl::StrCat("a part has shape [", n_, ", ", shape[1],
+                            "]: more than the ", max_bytes_,
+                            " bytes a reply may hold"));
+  }
   d_ = shape[1];
   uint64_t row_bytes = 0, bytes = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(d_), sizeof(float),
@@ -41,11 +53,16 @@ absl::Status RowAssembler::Add(absl::Span<const int64_t> shape,
     return Bad(absl::StrCat("a part of ", rows.size(), " rows of ", d_,
                             " floats carries ", data.size(), " bytes"));
   }
-  for (int64_t r : rows) {
+  // Checked on a sorted copy: a row twice in this part, or one an earlier
+  // part held, refuses the part before anything is marked or copied.
+  std::vector<int64_t> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const int64_t r = sorted[i];
     if (r < 0 || r >= n_) {
       return Bad(absl::StrCat("row ", r, " is outside [0, ", n_, ")"));
     }
-    if (seen_[static_cast<size_t>(r)]) {
+    if (seen_[static_cast<size_t>(r)] || (i > 0 && sorted[i - 1] == r)) {
       return Bad(absl::StrCat("row ", r, " came twice"));
     }
   }

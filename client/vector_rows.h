@@ -21,13 +21,16 @@ namespace internal_client {
 
 class RowAssembler {
  public:
-  /// For a request of `rows` coordinates.
-  explicit RowAssembler(int64_t rows);
+  /// For a request of `rows` coordinates, whose result may hold at most
+  /// `max_bytes` (what one unary reply could carry: a reply that claims
+  /// more is refused before anything is allocated).
+  RowAssembler(int64_t rows, uint64_t max_bytes);
 
   /// One part: its `shape` (the whole result's), the result `rows` it
   /// holds and their float32 values in that order. DATA_LOSS naming what is
   /// wrong when the shape is not [N, D] for this request or differs from an
-  /// earlier part's, a row is out of range or came before, or `data` is not
+  /// earlier part's, N x D floats are more than `max_bytes`, a row is out of
+  /// range or came before (in this part or an earlier one), or `data` is not
   /// len(rows) x D floats. The rows are copied into place, except when a
   /// first part holds every row in order (all reads were done at once): with
   /// an `owner` that keeps `data` alive, the block is then a view of it.
@@ -41,6 +44,7 @@ class RowAssembler {
 
  private:
   const int64_t n_;
+  const uint64_t max_bytes_;
   int64_t d_ = -1;  // from the first part
   int64_t received_ = 0;
   std::vector<bool> seen_;

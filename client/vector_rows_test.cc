@@ -13,6 +13,7 @@ namespace internal_client {
 namespace {
 
 constexpr int64_t kD = 3;
+constexpr uint64_t kMax = 1 << 20;  // bytes a result may hold
 
 // The float32 bytes of `rows`, row r holding r * 10 + k for k < kD.
 std::string Payload(const std::vector<int64_t>& rows) {
@@ -31,7 +32,7 @@ absl::Status AddRows(RowAssembler& a, int64_t n, std::vector<int64_t> rows) {
 }
 
 TEST(RowAssemblerTest, PartsInAnyOrderMakeTheBlockInRequestOrder) {
-  RowAssembler a(7);
+  RowAssembler a(7, kMax);
   ASSERT_TRUE(AddRows(a, 7, {5, 1}).ok());
   ASSERT_TRUE(AddRows(a, 7, {}).ok());
   ASSERT_TRUE(AddRows(a, 7, {0, 6, 2}).ok());
@@ -49,7 +50,7 @@ TEST(RowAssemblerTest, PartsInAnyOrderMakeTheBlockInRequestOrder) {
 
 TEST(RowAssemblerTest, AWholeFirstPartInOrderIsViewedNotCopied) {
   auto data = std::make_shared<std::string>(Payload({0, 1, 2}));
-  RowAssembler a(3);
+  RowAssembler a(3, kMax);
   const std::vector<int64_t> shape = {3, kD};
   const std::vector<int64_t> rows = {0, 1, 2};
   ASSERT_TRUE(a.Add(shape, rows, *data, data).ok());
@@ -65,7 +66,7 @@ TEST(RowAssemblerTest, AWholeFirstPartInOrderIsViewedNotCopied) {
   EXPECT_EQ(b->values[kD], 10);
   EXPECT_EQ(static_cast<const void*>(b->values.data()), raw->data());
   // Out of order, or not the first part: copied.
-  RowAssembler c(3);
+  RowAssembler c(3, kMax);
   const std::vector<int64_t> shuffled = {2, 0, 1};
   auto other = std::make_shared<std::string>(Payload(shuffled));
   ASSERT_TRUE(c.Add(shape, shuffled, *other, other).ok());
@@ -75,7 +76,7 @@ TEST(RowAssemblerTest, AWholeFirstPartInOrderIsViewedNotCopied) {
             static_cast<const void*>(other->data()));
   EXPECT_EQ(d->values[2 * kD + 1], 21);
   // A duplicate after a viewed whole part is still caught.
-  RowAssembler e(3);
+  RowAssembler e(3, kMax);
   ASSERT_TRUE(e.Add(shape, rows, *other, other).ok());
   const std::vector<int64_t> again = {1};
   EXPECT_EQ(e.Add(shape, again, Payload(again)).code(),
@@ -83,7 +84,7 @@ TEST(RowAssemblerTest, AWholeFirstPartInOrderIsViewedNotCopied) {
 }
 
 TEST(RowAssemblerTest, AnEmptyRequestIsOneEmptyPart) {
-  RowAssembler a(0);
+  RowAssembler a(0, kMax);
   ASSERT_TRUE(AddRows(a, 0, {}).ok());
   absl::StatusOr<VectorBlock> b = a.Finish();
   ASSERT_TRUE(b.ok()) << b.status();
@@ -98,14 +99,14 @@ void ExpectDataLoss(const absl::Status& st, const std::string& words) {
 
 TEST(RowAssemblerTest, RepliesThatDoNotAddUpAreDataLoss) {
   {
-    RowAssembler a(4);
+    RowAssembler a(4, kMax);
     const std::vector<int64_t> shape = {5, kD};
     ExpectDataLoss(a.Add(shape, {}, ""), "shape [5, 3] for a request of 4");
     const std::vector<int64_t> flat = {4 * kD};
     ExpectDataLoss(a.Add(flat, {}, ""), "shape [12]");
   }
   {
-    RowAssembler a(4);
+    RowAssembler a(4, kMax);
     ASSERT_TRUE(AddRows(a, 4, {0}).ok());
     const std::vector<int64_t> shape = {4, kD + 1};
     ExpectDataLoss(a.Add(shape, {}, ""), "d_model 4 after parts with 3");
@@ -119,15 +120,33 @@ TEST(RowAssemblerTest, RepliesThatDoNotAddUpAreDataLoss) {
     ExpectDataLoss(a.Finish().status(), "3 of 4 rows missing");
   }
   {
-    RowAssembler a(2);
+    RowAssembler a(2, kMax);
     ExpectDataLoss(a.Finish().status(), "without a part");
   }
   {
-    // A d_model so large that len(rows) x d_model x 4 overflows.
-    RowAssembler a(2);
+    // A row twice in one part: refused, and nothing of the part is kept.
+    RowAssembler a(2, kMax);
+    ExpectDataLoss(AddRows(a, 2, {0, 0}), "row 0 came twice");
+    ExpectDataLoss(a.Finish().status(), "2 of 2 rows missing");
+    ASSERT_TRUE(AddRows(a, 2, {1, 0}).ok());
+    EXPECT_TRUE(a.Finish().ok());
+  }
+  {
+    // A shape whose result would be more than a reply may hold is refused
+    // before anything is allocated, even with the data of one row.
+    RowAssembler a(10000, kMax);
+    const int64_t d = kMax / sizeof(float) / 10000 + 1;
+    const std::vector<int64_t> shape = {10000, d};
+    const std::vector<int64_t> rows = {0};
+    ExpectDataLoss(a.Add(shape, rows, std::string(d * 4, '\0')),
+                   "more than the 1048576 bytes a reply may hold");
+  }
+  {
+    // A d_model so large that N x d_model overflows.
+    RowAssembler a(2, kMax);
     const std::vector<int64_t> shape = {2, int64_t{1} << 62};
     const std::vector<int64_t> rows = {0};
-    ExpectDataLoss(a.Add(shape, rows, "abcd"), "carries 4 bytes");
+    ExpectDataLoss(a.Add(shape, rows, "abcd"), "more than the 1048576 bytes");
   }
 }
 

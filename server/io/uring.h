@@ -131,8 +131,8 @@ class UringReader {
   absl::Status ReadAll(absl::Span<const ReadOp> ops);
   /// The same, and as reads finish: `finished(indices)` (on this thread)
   /// with the indices in `ops` of those whose bytes are all in place since
-  /// the last call, in the order they completed; zero-length ops in the
-  /// first call. Every op is reported exactly once when all succeed; after
+  /// the last call, in the order they completed; zero-length ops before any
+  /// read (with io_uring) or in their turn (the pread fallback). Every op is reported exactly once when all succeed; after
   /// a failure nothing more is reported.
   absl::Status ReadAll(
       absl::Span<const ReadOp> ops,

@@ -99,13 +99,17 @@ TEST_F(UringReaderTest, ReportsNothingAfterAFailure) {
   std::vector<char> a(1024), b(1024);
   std::vector<ReadOp> ops = {{fd_.get(), 8192, b.size(), b.data(), &path_},
                              {fd_.get(), 0, a.size(), a.data(), &path_}};
+  std::vector<char> c(1024);
+  ops.push_back({fd_.get(), 2048, c.size(), c.data(), &path_});
   std::vector<size_t> reported;
   absl::Status st = reader->ReadAll(ops, [&](absl::Span<const size_t> f) {
     reported.insert(reported.end(), f.begin(), f.end());
   });
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  // Op 0 is never reported; op 1 may be, if it completed first.
-  for (size_t i : reported) EXPECT_EQ(i, 1u);
+  // All three complete during the one submission (the end of the file and
+  // a page just written need no device), so they are reaped in one round:
+  // the failure's round reports none of them, good ones included.
+  EXPECT_TRUE(reported.empty()) << reported.size() << " reported";
 }
 
 TEST_F(UringReaderTest, ReadPastTheEndOfATruncatedFileIsDataLossNamingIt) {

@@ -24,9 +24,9 @@ struct Metrics {
   std::atomic<int64_t> calls_in_flight{0};
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> bytes_served{0};
-  /// GetVectors calls answered on the gRPC thread from the page cache.
   /// Worker threads (--query-threads), set at startup.
   int query_threads = 0;
+  /// GetVectors calls answered on the gRPC thread from the page cache.
   std::atomic<uint64_t> queries_inline{0};
   /// StreamVectors calls, and the parts they sent.
   std::atomic<uint64_t> queries_streamed{0};

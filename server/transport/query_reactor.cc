@@ -195,8 +195,11 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       MutexLock lock(&mu_);
       ended_ = true;
       if (cancelled_) status = absl::CancelledError("the client went away");
+      if (status.ok() && !last.has_value()) {
+        status =
+            absl::InternalError("StreamVectors ended without its last part");
+      }
       if (status.ok()) {
-        context_.metrics->bytes_served += last->message.Length();
         if (writing_) {
           queued_.push_back(std::move(*last));
           return;  // OnWriteDone writes it
@@ -226,7 +229,6 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     {
       MutexLock lock(&mu_);
       if (cancelled_) return;
-      context_.metrics->bytes_served += part.message.Length();
       if (writing_) {
         queued_.push_back(std::move(part));
         return;
@@ -240,6 +242,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   // Writes reply_, ending the call with it when it is the last part.
   void Write(bool last) {
     context_.metrics->query_parts++;
+    context_.metrics->bytes_served += reply_.Length();
     if (!last) {
       TsanHandOff(this, [&] { StartWrite(&reply_); });
       return;

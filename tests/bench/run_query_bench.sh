@@ -187,8 +187,10 @@ if (( PAIRS > 0 )); then
   echo "== cold 256/call, then fio qd$FIO_QD no hint on as many reads: $PAIRS pairs"
   for p in $(seq "$PAIRS"); do
     cold "pair${p}_batch_keep" --mode batch --batch 256 --batch-calls 800 --malloc-keep
-    run_fio "buffered_qd${FIO_QD}_nohint_pair$p" 0 "$FIO_QD" io_uring 0 \
-      "$(payload "$OUT/pair${p}_batch_keep.json" batch)"
+    # Not inside run_fio's arguments: a failed payload must stop the script,
+    # not leave fio reading the whole file.
+    pair_bytes=$(payload "$OUT/pair${p}_batch_keep.json" batch)
+    run_fio "buffered_qd${FIO_QD}_nohint_pair$p" 0 "$FIO_QD" io_uring 0 "$pair_bytes"
   done
 fi
 

@@ -781,6 +781,38 @@ def test_truncated_shard_is_data_loss(stubs, channel, query, datasets, daemon):
     assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
 
 
+def test_stream_vectors_read_failing_after_parts_ends_with_data_loss(stubs, query, datasets,
+                                                                     daemon):
+    """A StreamVectors call whose read fails after parts have gone out ends
+    with DATA_LOSS naming the file. The worker reads 256 vectors at a time,
+    so with 300 good coordinates first the failing read starts only after
+    the first round's parts were sent."""
+    ds = datasets.by_name["trunc"]
+    shard1 = ds.path / "acts000001.bin"
+    whole = ds.S * ds.L * ds.T * ds.D * 4
+    if shard1.stat().st_size == whole:  # not yet cut by the test above
+        os.truncate(shard1, whole // 2)
+    rng = np.random.default_rng(4)
+    good = [(int(rng.integers(ds.S)), ds.layers[int(rng.integers(ds.L))],
+             int(rng.integers(ds.T))) for _ in range(300)]
+    req = stubs.pb2.GetVectorsRequest(dataset=ds.id)
+    for e, l, t in good + [(2 * ds.S - 1, ds.layers[-1], ds.T - 1)]:
+        req.coordinates.add(example=e, layer=l, token=t)
+    parts = []
+    with pytest.raises(grpc.RpcError) as info:
+        for part in query.StreamVectors(req, timeout=RPC_TIMEOUT):
+            parts.append(part)
+    assert info.value.code() == grpc.StatusCode.DATA_LOSS, info.value
+    assert "acts000001.bin" in info.value.details()
+    assert parts, "the call failed before any part went out"
+    row = ds.D * 4
+    for part in parts:
+        for i, r in enumerate(part.rows):
+            assert r < len(good)
+            assert part.data[i * row:(i + 1) * row] == ds.vector(*good[r]).tobytes()
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
 # ---------------------------------------------------------------------------
 # 8. Health, status, HTTP admin.
 

@@ -239,6 +239,38 @@ def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, dataset
         assert e.value.code == "OUT_OF_RANGE" and "coordinates[100]" in str(e.value), e.value
 
 
+def test_streamed_replies_that_do_not_add_up_are_data_loss():
+    """The parts of a StreamVectors reply are checked before they are used: a
+    wrong shape, a result larger than a reply may hold, a row out of range or
+    twice (in one part or across two), data of the wrong size, rows missing
+    or no part at all raise shardcast.Error DATA_LOSS (never a wrong array)."""
+    from types import SimpleNamespace
+    assemble = shardcast.Client._assemble
+
+    def part(shape, rows, d=None):
+        d = shape[1] if d is None else d
+        data = np.arange(len(rows) * d, dtype=np.float32).tobytes()
+        return SimpleNamespace(shape=list(shape), rows=list(rows), data=data)
+
+    got = assemble([part((3, 2), [2, 0]), part((3, 2), [1])], 3)
+    assert got.shape == (3, 2) and not got.flags.writeable
+    assert got[2].tolist() == [0, 1] and got[0].tolist() == [2, 3] and got[1].tolist() == [0, 1]
+    cases = {
+        "shape": [part((4, 2), [0])],
+        "bytes a reply may hold": [part((3, 1 << 40), [], d=0)],
+        "out of range": [part((3, 2), [3])],
+        "twice": [part((3, 2), [0, 0])],
+        "twice across parts": [part((3, 2), [0]), part((3, 2), [0, 1, 2])],
+        "carries": [SimpleNamespace(shape=[3, 2], rows=[0], data=b"abc")],
+        "missing": [part((3, 2), [0, 1])],
+        "without a part": [],
+    }
+    for name, parts in cases.items():
+        with pytest.raises(shardcast.Error) as e:
+            assemble(parts, 3)
+        assert e.value.code == "DATA_LOSS", (name, e.value)
+
+
 def test_get_example_equal_numpy(start_daemon, datasets):
     """get_example(e, layer) is [T, D] and get_example(e) is [L, T, D], equal
     to numpy's read of the example, for every example of every dataset."""

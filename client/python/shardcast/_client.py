@@ -382,6 +382,9 @@ class Client:
                 raise Error("DATA_LOSS", f"StreamVectors part of shape {shape} for a "
                             f"request of {n} vectors")
             d = shape[1]
+            if n * d * 4 > _MAX_MESSAGE:
+                raise Error("DATA_LOSS", f"StreamVectors part of shape {shape}: more than "
+                            f"the {_MAX_MESSAGE} bytes a reply may hold")
             rows = np.asarray(part.rows, dtype=np.int64)
             if len(part.data) != rows.size * d * 4:
                 raise Error("DATA_LOSS", f"StreamVectors part of {rows.size} rows of {d} "
@@ -400,6 +403,7 @@ class Client:
             raise Error("DATA_LOSS", f"StreamVectors ended with {n - received} of {n} "
                         "rows missing" if out is not None else
                         "StreamVectors ended without a part")
+        out.setflags(write=False)  # as read-only as a unary reply's view
         return out
 
     def get_example(self, dataset, example, layer=None):
