@@ -80,7 +80,9 @@ TEST_F(UringReaderTest, ReportsEachReadOnceWithItsBytesAlreadyInPlace) {
                       for (size_t i : finished) {
                         ASSERT_LT(i, ops.size());
                         ++reported[i];
-                        // In place when reported, not only at the end.
+                        // In place when reported, not only at the end
+                        // (memcmp of an empty vector's null data is UB).
+                        if (out[i].empty()) continue;
                         EXPECT_EQ(0, std::memcmp(out[i].data(),
                                                  bytes_.data() + ops[i].offset,
                                                  out[i].size()))
