@@ -98,10 +98,9 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
         if (!ended_) return;  // the worker finishes when it is done
         end = absl::CancelledError("the client went away");
       } else if (!queued_.empty()) {
-        reply_ = std::move(queued_.front().message);
         last = queued_.front().last;
+        TakeWriteSlot(&queued_.front());
         queued_.pop_front();
-        writing_ = true;
       } else if (!ended_) {
         return;  // the worker queues the next part
       } else {
@@ -200,12 +199,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
             absl::InternalError("StreamVectors ended without its last part");
       }
       if (status.ok()) {
-        if (writing_) {
-          queued_.push_back(std::move(*last));
-          return;  // OnWriteDone writes it
-        }
-        reply_ = std::move(last->message);
-        writing_ = true;
+        if (!StartOrQueue(std::move(*last))) return;  // OnWriteDone writes it
       } else {
         end_ = status;
         end = status;
@@ -228,15 +222,25 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   void QueuePart(Part part) {
     {
       MutexLock lock(&mu_);
-      if (cancelled_) return;
-      if (writing_) {
-        queued_.push_back(std::move(part));
-        return;
-      }
-      reply_ = std::move(part.message);
-      writing_ = true;
+      if (cancelled_ || !StartOrQueue(std::move(part))) return;
     }
     Write(/*last=*/false);
+  }
+
+  // Takes the one write slot for `part` (true: the caller calls Write once
+  // it has let go of mu_), or queues it behind the write in flight.
+  bool StartOrQueue(Part part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_) {
+      queued_.push_back(std::move(part));
+      return false;
+    }
+    TakeWriteSlot(&part);
+    return true;
+  }
+
+  void TakeWriteSlot(Part* part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    reply_ = std::move(part->message);
+    writing_ = true;
   }
 
   // Writes reply_, ending the call with it when it is the last part.
