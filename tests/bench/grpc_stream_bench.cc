@@ -101,6 +101,9 @@ const std::vector<OptionSpec> kSpecs = {
      "instead of streaming: N sequential unary calls with an empty handler "
      "(the round-trip reference for single queries); prints p50/p99"},
     {"reply-bytes", "N", "--unary: bytes in each reply (default 0)"},
+    {"session", nullptr,
+     "--unary: each thread's round trips are messages on one long-lived "
+     "bidirectional call instead of unary calls"},
     {"threads", "T",
      "--unary: client threads calling at once on the one connection, "
      "calls/T each (default 1; the reference for concurrent queries)"},
@@ -108,6 +111,7 @@ const std::vector<OptionSpec> kSpecs = {
 };
 
 constexpr char kUnaryMethod[] = "/shardcast.bench.Bench/Unary";
+constexpr char kSessionMethod[] = "/shardcast.bench.Bench/Session";
 
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: same in forks
 
@@ -204,12 +208,44 @@ class UnaryReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer reply_;
 };
 
+// --session: one long-lived call per client thread; every message read is
+// answered at once with one reply message, the next read started when the
+// reply is written.
+class SessionReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit SessionReactor(const Payload* payload) : payload_(payload) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    reply_ = payload_->Message(0);
+    StartWrite(&reply_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  const Payload* const payload_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer reply_;
+};
+
 class BenchService final : public grpc::CallbackGenericService {
  public:
   explicit BenchService(const Payload* payload) : payload_(payload) {}
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
     if (ctx->method() == kUnaryMethod) return new UnaryReactor(payload_);
+    if (ctx->method() == kSessionMethod) return new SessionReactor(payload_);
     return new StreamReactor(payload_);
   }
 
@@ -494,7 +530,7 @@ struct UnaryResult {
 };
 
 absl::StatusOr<UnaryResult> RunUnary(const std::string& address, int64_t calls,
-                                     int threads) {
+                                     int threads, bool session) {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, Connect(address));
   const grpc::internal::RpcMethod method(kUnaryMethod,
                                          grpc::internal::RpcMethod::NORMAL_RPC);
@@ -509,6 +545,31 @@ absl::StatusOr<UnaryResult> RunUnary(const std::string& address, int64_t calls,
     PerThread& me = per[static_cast<size_t>(t)];
     grpc::Slice slice(body);
     const grpc::ByteBuffer request(&slice, 1);
+    if (session) {
+      const grpc::internal::RpcMethod bidi(
+          kSessionMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+      grpc::ClientContext ctx;
+      std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer,
+                                               grpc::ByteBuffer>>
+          stream(grpc::internal::ClientReaderWriterFactory<
+                 grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(),
+                                                             bidi, &ctx));
+      grpc::ByteBuffer reply;
+      for (int64_t i = t; i < calls; i += threads) {
+        const auto t0 = Clock::now();
+        if (!stream->Write(request) || !stream->Read(&reply)) {
+          me.error = absl::StrCat("session round trip ", i, " failed");
+          return;
+        }
+        const auto t1 = Clock::now();
+        me.micros.push_back(
+            std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+      stream->WritesDone();
+      const grpc::Status st = stream->Finish();
+      if (!st.ok()) me.error = absl::StrCat("session: ", st.error_message());
+      return;
+    }
     for (int64_t i = t; i < calls; i += threads) {
       grpc::ClientContext ctx;
       grpc::ByteBuffer reply;
@@ -616,7 +677,8 @@ int Main(int argc, char** argv) {
       return 1;
     }
     absl::StatusOr<UnaryResult> unary =
-        RunUnary(absl::StrCat("unix:", socket), *calls, *threads);
+        RunUnary(absl::StrCat("unix:", socket), *calls, *threads,
+                 args->Has("session"));
     (*server)->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::seconds(5));
     ::unlink(socket.c_str());
@@ -631,7 +693,7 @@ int Main(int argc, char** argv) {
     double sum = 0;
     for (double m : *micros) sum += m;
     nlohmann::ordered_json out;
-    out["mode"] = "unary";
+    out["mode"] = args->Has("session") ? "session" : "unary";
     out["calls"] = *calls;
     out["threads"] = *threads;
     out["reply_bytes"] = *reply_bytes;
@@ -642,8 +704,9 @@ int Main(int argc, char** argv) {
     if (args->Has("json")) {
       std::cout << out.dump() << std::endl;
     } else {
-      std::printf("unary round trip: p50 %.1f us, p99 %.1f us, %.0f calls/s\n",
-                  at(0.5), at(0.99), out["calls_per_second"].get<double>());
+      std::printf("%s round trip: p50 %.1f us, p99 %.1f us, %.0f calls/s\n",
+                  out["mode"].get<std::string>().c_str(), at(0.5), at(0.99),
+                  out["calls_per_second"].get<double>());
     }
     return 0;
   }
