@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
 FileRange DatasetReader::ShardRange(const VectorLocation& at,
                                     uint64_t length) const {
   const size_t shard = static_cast<size_t>(at.shard);
-  return {shard_fds_[shard].get(), at.offset, length, &shard_paths_[shard]};
+  return {shard_fds_[shard].get(), at.offset, length, &shard_paths_[shard],
+          at.shard};
 }
 
 absl::StatusOr<FileRange> DatasetReader::VectorRange(int64_t example,

@@ -22,6 +22,9 @@ struct FileRange {
   uint64_t offset = 0;
   uint64_t length = 0;
   const std::string* path = nullptr;
+  /// The data shard `fd` belongs to (DatasetReader::shard_fd); -1 for
+  /// labels.bin.
+  int64_t shard = -1;
 };
 
 /// Reads from one validated dataset. Holds an open fd per data shard (and

@@ -144,6 +144,11 @@ const std::vector<DaemonOption>& Table() {
        "maps of the shards in place: no copy into the reservoir; slow for "
        "cold data)",
        OptionKind::kReadMode, &O::read_mode},
+      {"query-buffered", "query_buffered", nullptr,
+       "queries read vectors that are not in the page cache through it "
+       "(default: with O_DIRECT where vectors are 4 KiB multiples, which "
+       "costs less CPU and leaves the cache to the data in use)",
+       OptionKind::kSwitch, &O::query_buffered},
       {"register-buffers", "register_buffers", nullptr,
        "register the reservoir with io_uring as fixed buffers (pins and "
        "touches all of it at start; needs RLIMIT_MEMLOCK)",
@@ -361,6 +366,7 @@ EngineOptions DaemonOptions::Engine() const {
   e.scans.lag_blocks = lag_blocks;
   e.scans.read_mode = *ParseScanReadMode(read_mode);  // checked by the table
   e.scans.register_buffers = register_buffers;
+  e.query_direct = !query_buffered;
   e.scans.start_delay = std::chrono::milliseconds(scan_start_delay_ms);
   e.node_rank = node_rank;
   e.node_count = node_count;

@@ -84,6 +84,7 @@ struct DaemonOptions {
   /// auto (O_DIRECT for data not in the page cache), direct, buffered.
   std::string read_mode = "auto";
   bool register_buffers = false;  // io_uring fixed buffers (pins memory)
+  bool query_buffered = false;    // queries: no O_DIRECT for cold vectors
   bool prefault = false;          // touch the reservoir at start
   /// A new shared scan waits this long for more clients before reading.
   int64_t scan_start_delay_ms = 100;

@@ -43,7 +43,7 @@ class SealedSource final : public BatchSource {
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
       catalog_(std::make_unique<Catalog>(options_.roots)),
-      queries_(catalog_.get(), options_.limits),
+      queries_(catalog_.get(), options_.limits, options_.query_direct),
       tokens_(options_.token_key.empty() ? TokenSealer::RandomKey()
                                          : options_.token_key) {}
 
@@ -216,6 +216,7 @@ EngineFigures Engine::Figures() const {
   f.blocks_read = scans_->engine()->blocks_read();
   f.bytes_read = scans_->engine()->bytes_read() + ordered_bytes_read_.load() +
                  queries_.bytes_read();
+  f.query_direct_bytes_read = queries_.direct_bytes_read();
   f.datasets_ok = datasets_ok_.load();
   f.datasets_failed = datasets_failed_.load();
   f.scans = scans_->Status();

@@ -35,6 +35,9 @@ struct EngineOptions {
   /// Directories holding dataset directories (<root>/<HASH>/).
   std::vector<std::string> roots;
   QueryLimits limits;
+  /// Queries read vectors that are not in the page cache with O_DIRECT
+  /// where the dataset allows it (ColdReads); false: all through the cache.
+  bool query_direct = true;
   ReservoirOptions reservoir;
   ReadEngineOptions reads;
   ScanOptions scans;

@@ -46,6 +46,8 @@ struct EngineFigures {
   uint64_t blocks_read = 0;  // by the shared scans
   /// Bytes read from shard files: queries, ordered streams, shared scans.
   uint64_t bytes_read = 0;
+  /// The part of bytes_read that queries read with O_DIRECT.
+  uint64_t query_direct_bytes_read = 0;
   int64_t datasets_ok = 0;
   int64_t datasets_failed = 0;
   std::vector<ScanStatus> scans;

@@ -5,9 +5,11 @@
 #ifndef SHARDCAST_SERVER_ENGINE_QUERY_H_
 #define SHARDCAST_SERVER_ENGINE_QUERY_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,20 +18,27 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/file.h"
+#include "common/mutex.h"
 #include "common/samples.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
+#include "server/io/page_residency.h"
 #include "server/io/uring.h"
 
 namespace shardcast {
 
-/// A malloc'd byte buffer; Release() hands ownership to a free()-ing owner.
+/// A malloc'd byte buffer, 4 KiB-aligned (O_DIRECT reads may land in it);
+/// Release() hands ownership to a free()-ing owner.
 class Payload {
  public:
   Payload() = default;
   explicit Payload(size_t size)
-      : data_(static_cast<char*>(std::malloc(size > 0 ? size : 1))),
+      : data_(static_cast<char*>(std::aligned_alloc(
+            kAlign,
+            (std::max<size_t>(size, 1) + kAlign - 1) / kAlign * kAlign))),
         size_(size) {}
+  static constexpr size_t kAlign = 4096;
   char* data() const { return data_.get(); }
   size_t size() const { return size_; }
   /// Gives up ownership; the caller must free() the pointer.
@@ -59,19 +68,35 @@ struct VectorsResult {
   Payload data;
 };
 
+/// How a worker reads the vectors of a call that are not in the page cache.
+enum class ColdReads {
+  /// With O_DIRECT straight into the result where the dataset allows it
+  /// (vectors at 4 KiB multiples, a filesystem that takes O_DIRECT, and a
+  /// page cache whose residency the kernel reports to the daemon): no
+  /// page-cache insertion, about 1 us of CPU per 4 KiB read instead of 5-7
+  /// (tests/bench/RESULTS.md). Cached vectors still come from the cache.
+  kDirect,
+  /// Through the page cache, like cached ones: for a call one of whose
+  /// vectors is already being read into it (GetVectorsIfCached starts the
+  /// read of the first vector it misses; O_DIRECT would read it twice).
+  kPageCache,
+};
+
 /// Runs queries against a catalog. Thread-safe (the catalog and readers
 /// are); blocking (disk reads): call from worker threads only.
 class QueryEngine {
  public:
-  /// `catalog` must outlive the engine.
-  QueryEngine(const Catalog* catalog, QueryLimits limits)
-      : catalog_(catalog), limits_(limits) {}
+  /// `catalog` must outlive the engine. `direct` false: every read goes
+  /// through the page cache whatever a call asks (ColdReads).
+  QueryEngine(const Catalog* catalog, QueryLimits limits, bool direct = true)
+      : catalog_(catalog), limits_(limits), direct_(direct) {}
 
   /// [N, D] vectors in request order. Errors: NOT_FOUND / INVALID_ARGUMENT
   /// (dataset), RESOURCE_EXHAUSTED (over the limits), OUT_OF_RANGE /
   /// INVALID_ARGUMENT naming the first bad coordinate, DATA_LOSS (file).
   absl::StatusOr<VectorsResult> GetVectors(
-      absl::string_view dataset, const std::vector<Coord>& coords) const;
+      absl::string_view dataset, const std::vector<Coord>& coords,
+      ColdReads cold = ColdReads::kDirect) const;
   /// GetVectors in parts, as the reads complete: `part(rows, last)` is
   /// called on this thread each time at least `part_vectors` more vectors
   /// are in place in `result->data` (at row * vector bytes; `rows` index
@@ -86,8 +111,8 @@ class QueryEngine {
   absl::Status StreamVectors(
       absl::string_view dataset, const std::vector<Coord>& coords,
       size_t part_vectors, VectorsResult* result,
-      absl::FunctionRef<void(absl::Span<const int64_t> rows, bool last)> part)
-      const;
+      absl::FunctionRef<void(absl::Span<const int64_t> rows, bool last)> part,
+      ColdReads cold = ColdReads::kDirect) const;
   /// GetVectors without waiting for the disk, for callers that must not
   /// block (a gRPC callback thread): the result when every vector is in the
   /// page cache (preadv2 RWF_NOWAIT) or the request is refused before any
@@ -113,18 +138,47 @@ class QueryEngine {
   const Catalog* catalog() const { return catalog_; }
   /// Bytes read from disk by queries so far.
   uint64_t bytes_read() const { return bytes_read_.load(); }
+  /// The part of bytes_read() read with O_DIRECT (ColdReads::kDirect).
+  uint64_t direct_bytes_read() const { return direct_bytes_read_.load(); }
 
  private:
   absl::Status CheckBytes(uint64_t bytes) const;
   // Validates a GetVectors request: its result with room for the vectors,
   // and the reads (in `ops`) that fill it.
+  // `ops` read vectors missing from the page cache with O_DIRECT where
+  // `cold` and the dataset allow it: `*direct_bytes` of them.
   absl::StatusOr<VectorsResult> PlanVectors(absl::string_view dataset,
                                             const std::vector<Coord>& coords,
-                                            std::vector<ReadOp>* ops) const;
+                                            ColdReads cold,
+                                            std::vector<ReadOp>* ops,
+                                            uint64_t* direct_bytes) const;
+
+  // The O_DIRECT side of one dataset's reads, per shard (index = shard): a
+  // descriptor opened with O_DIRECT and the shard's page-cache residency.
+  // Made on first use and kept while the catalog's reader lives (its maps
+  // and descriptors would keep a deleted dataset's files on the disk);
+  // null where the dataset cannot be read that way.
+  struct DirectShards {
+    std::vector<UniqueFd> fds;
+    std::vector<std::unique_ptr<PageResidency>> residency;
+  };
+  std::shared_ptr<const DirectShards> Direct(
+      const std::shared_ptr<const DatasetReader>& reader) const
+      ABSL_LOCKS_EXCLUDED(direct_mu_);
+  static std::shared_ptr<const DirectShards> MakeDirect(const DatasetReader& r);
 
   const Catalog* catalog_;
   const QueryLimits limits_;
+  const bool direct_;
   mutable std::atomic<uint64_t> bytes_read_{0};
+  mutable std::atomic<uint64_t> direct_bytes_read_{0};
+  struct DirectEntry {
+    std::weak_ptr<const DatasetReader> reader;
+    std::shared_ptr<const DirectShards> shards;
+  };
+  mutable Mutex direct_mu_;
+  mutable std::map<const DatasetReader*, DirectEntry> direct_shards_
+      ABSL_GUARDED_BY(direct_mu_);
   /// samples.json indexes, made on first use.
   mutable OncePerDataset<std::shared_ptr<const SampleIndex>> samples_;
 };

@@ -152,6 +152,10 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          "Bytes the daemon read from shard files (queries, ordered streams, "
          "shared scans): what it asked the kernel for.",
          engine.bytes_read);
+  metric("shardcast_query_direct_read_bytes_total", "counter",
+         "Bytes queries read with O_DIRECT (vectors not in the page cache), "
+         "part of shardcast_read_requested_bytes_total.",
+         engine.query_direct_bytes_read);
   metric("shardcast_device_read_bytes_total", "counter",
          "Bytes the storage devices read for the daemon (/proc/self/io "
          "read_bytes, read-ahead included; block devices only).",

@@ -188,7 +188,8 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
           } else {
             QueuePart(std::move(part));
           }
-        });
+        },
+        ColdReads::kDirect);
     absl::Status end;
     {
       MutexLock lock(&mu_);
@@ -274,7 +275,13 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   absl::StatusOr<grpc::ByteBuffer> Dispatch() {
     const QueryEngine& queries = context_.engine->queries();
     if (name_ == "GetVectors") {  // parsed by ServedInline
-      ASSIGN_OR_RETURN(VectorsResult r, queries.GetVectors(dataset_, coords_));
+      // A call ServedInline tried is already reading its first miss into
+      // the page cache: read the rest through the cache too.
+      const ColdReads cold = coords_.size() > kInlineMaxVectors
+                                 ? ColdReads::kDirect
+                                 : ColdReads::kPageCache;
+      ASSIGN_OR_RETURN(VectorsResult r,
+                       queries.GetVectors(dataset_, coords_, cold));
       return VectorsReply(std::move(r));
     }
     if (name_ == "GetExample") {
