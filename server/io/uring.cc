@@ -163,7 +163,12 @@ absl::Status UringReader::ReadAll(absl::Span<const ReadOp> ops) {
 absl::Status UringReader::ReadAll(
     absl::Span<const ReadOp> ops,
     absl::FunctionRef<void(absl::Span<const size_t>)> finished) {
-  if (!ring_.has_value()) return ReadAllPread(ops, finished);
+  // One read gains nothing from the ring, and a blocking pread wakes the
+  // thread straight from the read's completion, without the ring's
+  // completion hop (a cold single-vector query: p50 ~10 us less here).
+  if (!ring_.has_value() || ops.size() == 1) {
+    return ReadAllPread(ops, finished);
+  }
   std::vector<size_t> done(ops.size(), 0);  // bytes in place, per op
   std::vector<size_t> again;                // ops to submit again
   std::vector<size_t> complete;             // finished since the last report

@@ -127,7 +127,8 @@ class UringReader {
   static UringReader& ThisThread();
 
   /// Performs every read and returns the first failure (see
-  /// ApplyReadResult). All reads have completed when it returns.
+  /// ApplyReadResult). All reads have completed when it returns. A single
+  /// read is a blocking pread: the ring adds a hop and no parallelism.
   absl::Status ReadAll(absl::Span<const ReadOp> ops);
   /// The same, and as reads finish: `finished(indices)` (on this thread)
   /// with the indices in `ops` of those whose bytes are all in place since

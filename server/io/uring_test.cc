@@ -126,21 +126,32 @@ TEST_F(UringReaderTest, ReadPastTheEndOfATruncatedFileIsDataLossNamingIt) {
   EXPECT_EQ(0, std::memcmp(a.data(), bytes_.data(), a.size()));
 }
 
+// Each alone (a single read is a pread) and after another read (the ring).
 TEST_F(UringReaderTest, ReadStraddlingTheEndIsDataLoss) {
   auto reader = UringReader::Create(4);
   ASSERT_EQ(::truncate(path_.c_str(), 5000), 0);
-  std::vector<char> a(1000);
-  std::vector<ReadOp> ops = {{fd_.get(), 4500, a.size(), a.data(), &path_}};
-  EXPECT_EQ(reader->ReadAll(ops).code(), absl::StatusCode::kDataLoss);
+  std::vector<char> a(1000), b(100);
+  const ReadOp straddling{fd_.get(), 4500, a.size(), a.data(), &path_};
+  const ReadOp fine{fd_.get(), 0, b.size(), b.data(), &path_};
+  for (const std::vector<ReadOp>& ops :
+       {std::vector<ReadOp>{straddling},
+        std::vector<ReadOp>{fine, straddling}}) {
+    EXPECT_EQ(reader->ReadAll(ops).code(), absl::StatusCode::kDataLoss)
+        << ops.size() << " reads";
+  }
 }
 
 TEST_F(UringReaderTest, BadDescriptorIsAnErrorNotACrash) {
   auto reader = UringReader::Create(4);
-  std::vector<char> a(16);
-  std::vector<ReadOp> ops = {{12345, 0, a.size(), a.data(), &path_}};
-  absl::Status st = reader->ReadAll(ops);
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.code(), absl::StatusCode::kDataLoss);
+  std::vector<char> a(16), b(16);
+  const ReadOp bad{12345, 0, a.size(), a.data(), &path_};
+  const ReadOp fine{fd_.get(), 0, b.size(), b.data(), &path_};
+  for (const std::vector<ReadOp>& ops :
+       {std::vector<ReadOp>{bad}, std::vector<ReadOp>{fine, bad}}) {
+    absl::Status st = reader->ReadAll(ops);
+    EXPECT_FALSE(st.ok()) << ops.size() << " reads";
+    EXPECT_NE(st.code(), absl::StatusCode::kDataLoss) << st;
+  }
 }
 
 TEST_F(UringReaderTest, EmptyBatchAndZeroLengthOpsSucceed) {
