@@ -103,11 +103,14 @@ absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
   ops->clear();
   ops->reserve(static_cast<size_t>(n));
   *direct_bytes = 0;
-  // A probe costs ~0.5 us (a system call): after kTrustHits cached vectors
-  // in a row the call is taken for warm and the rest read through the
-  // cache unprobed (a warm 256-vector call paid 140 us to probe each).
-  constexpr int kTrustHits = 8;
-  int hits = 0;
+  // A probe costs ~0.5 us (a system call; 140 us for 256, before the first
+  // read goes out). A call shows its kind early: after kTrust cached
+  // vectors in a row it is taken for warm and the rest are read through
+  // the cache unprobed; after kTrust missing in a row, for cold, and the
+  // rest are read with O_DIRECT unprobed (a cached one then comes from the
+  // disk: slower, not wrong).
+  constexpr int kTrust = 8;
+  int hits = 0, misses = 0;
   for (int64_t i = 0; i < n; ++i) {
     const Coord& c = coords[static_cast<size_t>(i)];
     absl::StatusOr<FileRange> range =
@@ -117,13 +120,16 @@ absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
     }
     ReadOp op = ReadOp::Into(*range, nullptr);
     const size_t s = static_cast<size_t>(range->shard);
-    if (direct != nullptr && hits < kTrustHits && s < direct->fds.size() &&
+    if (direct != nullptr && hits < kTrust && s < direct->fds.size() &&
         direct->fds[s].valid() && op.offset % Payload::kAlign == 0 &&
         op.length % Payload::kAlign == 0) {
-      if (direct->residency[s]->Cached(op.offset, op.length)) {
+      if (misses < kTrust &&
+          direct->residency[s]->Cached(op.offset, op.length)) {
         ++hits;
+        misses = 0;
       } else {
         hits = 0;
+        ++misses;
         op.fd = direct->fds[s].get();
         *direct_bytes += op.length;
       }

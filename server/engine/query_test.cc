@@ -197,6 +197,19 @@ TEST_F(QueryEngineReadsTest, ACallThatStartsWarmIsReadThroughTheCache) {
   EXPECT_TRUE(Cached(all.back()));
 }
 
+TEST_F(QueryEngineReadsTest, ACallThatStartsColdIsReadWithODirect) {
+  Write(1024);
+  if (!EvictAll()) GTEST_SKIP() << "cannot evict pages here";
+  QueryEngine q(catalog_.get(), QueryLimits{});
+  // The first 8 vectors cold, the next 8 cached: those are not probed
+  // (a cold call would pay a system call per vector before its first read)
+  // and come from the disk as well.
+  const std::vector<Coord> all = Every();
+  for (size_t i = 8; i < 16; ++i) CacheOne(all[i]);
+  GetEveryVector(q);
+  EXPECT_EQ(q.direct_bytes_read(), all.size() * 4096);
+}
+
 TEST_F(QueryEngineReadsTest, PageCacheReadsWhenTheCallOrTheEngineAsks) {
   Write(1024);
   if (!EvictAll()) GTEST_SKIP() << "cannot evict pages here";
