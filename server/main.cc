@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "server/daemon.h"
@@ -53,6 +54,11 @@ int Main(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
+  // Debian's Abseil is built with Mutex deadlock detection on, so every
+  // lock taken (gRPC's too) updated a global lock graph. Off: warm
+  // single-vector calls p50 153 vs 167 us (5 of 5 alternating runs lower),
+  // daemon CPU per call -7 %. The tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   SetLogLevel(*ParseLogLevel(options->log_level));  // checked by the table
   SetLogFormat(*ParseLogFormat(options->log_format));
 
