@@ -18,6 +18,20 @@ def load(path):
         return json.load(f)
 
 
+def finished(path):
+    """Whether path holds a whole JSON result: a run cut off by a time limit
+    leaves an empty or partial file, which is skipped with a note."""
+    if not os.path.exists(path):
+        return False
+    try:
+        load(path)
+        return True
+    except (OSError, ValueError):
+        print(f"matrix_report: skipping {path}: not a whole JSON result (cut off?)",
+              file=sys.stderr)
+        return False
+
+
 def per_trainer(bench):
     return [c["bytes_per_second"] for c in bench["clients"]]
 
@@ -33,7 +47,7 @@ def cold_rows(out, trainers):
     for key, label in names:
         for n in trainers:
             path = os.path.join(out, f"cold-{key}-{n}.json")
-            if not os.path.exists(path):
+            if not finished(path):
                 continue
             j = load(path)
             per = per_trainer(j)
@@ -64,12 +78,12 @@ def warm_rows(out, trainers, repeat):
             jp = os.path.join(out, f"warm-grpc-{n}-{r}.json")
             bp = os.path.join(out, f"bare-{n}-{r}.json")
             mp = os.path.join(out, f"bare-mem-{n}-{r}.json")
-            if not (os.path.exists(jp) and os.path.exists(bp)):
+            if not (finished(jp) and finished(bp)):
                 continue
             mine = statistics.mean(per_trainer(load(jp)))
             ref = bare_rate(bp)
             ratios.append(mine / ref)
-            if os.path.exists(mp):
+            if finished(mp):
                 mem_ratios.append(mine / bare_rate(mp))
             o.append(mine)
             b.append(ref)
@@ -85,7 +99,7 @@ def warm_rows(out, trainers, repeat):
     shm = []
     for n in trainers:
         p = os.path.join(out, f"warm-shm-{n}.json")
-        if os.path.exists(p):
+        if finished(p):
             shm.append([n, statistics.mean(per_trainer(load(p))) / MB])
     return rows, ours, bare, shm
 
