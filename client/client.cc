@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/call_combiner.h"
+#include "client/query_session.h"
 #include "client/shared_memory_internal.h"
 #include "client/vector_rows.h"
 #include "common/file.h"
@@ -45,9 +46,10 @@ absl::Span<const T> View(const std::string& bytes) {
                              bytes.size() / sizeof(T));
 }
 
-// Wraps a Vectors reply, which the block then owns, as a VectorBlock;
-// DATA_LOSS when its shape does not describe its payload.
-absl::StatusOr<VectorBlock> ToBlock(std::shared_ptr<const v1::Vectors> reply) {
+// Wraps a Vectors (or SessionReply) reply, which the block then owns, as a
+// VectorBlock; DATA_LOSS when its shape does not describe its payload.
+template <typename Reply>
+absl::StatusOr<VectorBlock> ToBlock(std::shared_ptr<Reply> reply) {
   VectorBlock block;
   block.shape.assign(reply->shape().begin(), reply->shape().end());
   uint64_t count = 1;
@@ -428,12 +430,21 @@ struct Client::Impl {
       p->set_token(c.token);
     }
     const int64_t n = static_cast<int64_t>(coords.size());
-    if (options.stream_vectors_from > 0 && n >= options.stream_vectors_from &&
-        !no_stream_vectors.load(std::memory_order_relaxed)) {
+    const bool large =
+        options.stream_vectors_from > 0 && n >= options.stream_vectors_from;
+    if (large && !no_stream_vectors.load(std::memory_order_relaxed)) {
       std::optional<absl::StatusOr<VectorBlock>> streamed =
           CallStreamVectors(req, n);
       if (streamed.has_value()) return std::move(*streamed);
       no_stream_vectors.store(true, std::memory_order_relaxed);
+    }
+    if (!large && options.query_session) {
+      std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>>
+          reply = session.Call(req);
+      if (reply.has_value()) {
+        if (!reply->ok()) return reply->status();
+        return ToBlock(std::move(**reply));
+      }
     }
     grpc::ClientContext ctx;
     auto resp = std::make_shared<v1::Vectors>();
@@ -481,6 +492,7 @@ struct Client::Impl {
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<v1::Query::Stub> query;
   std::unique_ptr<v1::Stream::Stub> stream;
+  internal_client::QuerySession session{query.get()};  // small GetVectors
   internal_client::CallCombiner vectors;  // GetVectors calls
   // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.
   std::atomic<bool> no_stream_vectors{false};

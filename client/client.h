@@ -52,6 +52,12 @@ struct ClientOptions {
   /// access). Smaller calls are one unary reply. 0: never stream. A daemon
   /// without StreamVectors gets unary calls.
   int64_t stream_vectors_from = 64;
+  /// GetVectors calls below stream_vectors_from go out as messages on one
+  /// long-lived VectorsSession call the daemon answers by id, instead of a
+  /// unary call each: a message costs both sides less than a call
+  /// (tests/bench/RESULTS.md, random access). A daemon without
+  /// VectorsSession gets unary calls. False: always unary.
+  bool query_session = true;
 };
 
 /// One vector/coordinate request.

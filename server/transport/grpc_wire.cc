@@ -76,6 +76,22 @@ grpc::ByteBuffer VectorsReply(VectorsResult result) {
                           grpc::Slice(result.data.Release(), size, std::free));
 }
 
+grpc::ByteBuffer SessionReply(uint64_t id,
+                              absl::StatusOr<VectorsResult> result) {
+  v1::SessionReply header;
+  header.set_id(id);
+  if (!result.ok()) {
+    header.set_code(static_cast<int32_t>(result.status().code()));
+    header.set_message(std::string(result.status().message()));
+    return ProtoReply(header);
+  }
+  for (int64_t s : result->shape) header.add_shape(s);
+  const size_t size = result->data.size();
+  return WithPayloadField(header.SerializeAsString(),
+                          v1::SessionReply::kDataFieldNumber,
+                          grpc::Slice(result->data.Release(), size, std::free));
+}
+
 grpc::ByteBuffer VectorRowsReply(const std::vector<int64_t>& shape,
                                  std::vector<int64_t> rows,
                                  const grpc::Slice& buffer,

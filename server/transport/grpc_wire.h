@@ -47,6 +47,12 @@ grpc::ByteBuffer ProtoReply(const Message& message) {
 /// (the slice frees it once sent).
 grpc::ByteBuffer VectorsReply(VectorsResult result);
 
+/// shardcast.v1.SessionReply: request `id`'s vectors (`result`'s shape and
+/// its data as the payload, as VectorsReply), or its error when `result` is
+/// not OK.
+grpc::ByteBuffer SessionReply(uint64_t id,
+                              absl::StatusOr<VectorsResult> result);
+
 /// shardcast.v1.VectorRows (one part of a StreamVectors reply): `shape`,
 /// `rows` (sorted here, so adjacent rows go out as one slice) and their
 /// vectors as sub-slices of `buffer`, row r at r * `vector_bytes`. The

@@ -115,6 +115,12 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          queries_streamed.load());
   metric("shardcast_query_parts_total", "counter",
          "Parts sent by StreamVectors calls.", query_parts.load());
+  metric("shardcast_query_sessions", "gauge",
+         "VectorsSession calls open (many GetVectors requests on one call).",
+         query_sessions.load());
+  metric("shardcast_session_requests_total", "counter",
+         "GetVectors requests received on VectorsSession calls.",
+         session_requests.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

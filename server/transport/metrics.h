@@ -31,6 +31,9 @@ struct Metrics {
   /// StreamVectors calls, and the parts they sent.
   std::atomic<uint64_t> queries_streamed{0};
   std::atomic<uint64_t> query_parts{0};
+  /// VectorsSession calls open now, and the requests they carried.
+  std::atomic<int64_t> query_sessions{0};
+  std::atomic<uint64_t> session_requests{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tsan.h"
 #include "server/transport/query_reactor.h"
+#include "server/transport/session_reactor.h"
 #include "server/transport/stream_reactor.h"
 
 namespace shardcast {
@@ -47,6 +48,9 @@ grpc::ServerGenericBidiReactor* PayloadRouter::CreateReactor(
                                            "shardcastd is shutting down"));
   }
   if (is_stream) return NewStreamReactor(context_, ctx, shared);
+  if (ctx->method() == kVectorsSessionMethod) {
+    return NewSessionReactor(context_, ctx);
+  }
   return NewQueryReactor(context_, ctx);
 }
 

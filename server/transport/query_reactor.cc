@@ -19,10 +19,6 @@
 namespace shardcast {
 namespace {
 
-// Up to this many vectors a cached GetVectors is served inline (64 x 4 KiB
-// vectors: a ~20 us copy on the callback thread).
-constexpr size_t kInlineMaxVectors = 64;
-
 // A StreamVectors part holds at least this many vectors and an eighth of the
 // request: enough parts that the last one (which cannot leave before the
 // last read) is small, few enough that per-message costs stay small.
@@ -122,9 +118,8 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
 
  private:
   // A small GetVectors whose vectors are all in the page cache is answered
-  // here, on gRPC's callback thread: the two thread hops to the worker pool
-  // and back cost more than the call itself (RESULTS.md, random access).
-  // Anything that would wait for the disk goes to the pool.
+  // here, on gRPC's callback thread (kInlineMaxVectors). Anything that
+  // would wait for the disk goes to the pool.
   bool ServedInline() {
     if (name_ != "GetVectors") return false;
     absl::Status parsed = ParseVectorsRequest();
@@ -275,13 +270,9 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   absl::StatusOr<grpc::ByteBuffer> Dispatch() {
     const QueryEngine& queries = context_.engine->queries();
     if (name_ == "GetVectors") {  // parsed by ServedInline
-      // A call ServedInline tried is already reading its first miss into
-      // the page cache: read the rest through the cache too.
-      const ColdReads cold = coords_.size() > kInlineMaxVectors
-                                 ? ColdReads::kDirect
-                                 : ColdReads::kPageCache;
-      ASSIGN_OR_RETURN(VectorsResult r,
-                       queries.GetVectors(dataset_, coords_, cold));
+      ASSIGN_OR_RETURN(
+          VectorsResult r,
+          queries.GetVectors(dataset_, coords_, ColdReadsFor(coords_.size())));
       return VectorsReply(std::move(r));
     }
     if (name_ == "GetExample") {

@@ -5,13 +5,29 @@
 #ifndef SHARDCAST_SERVER_TRANSPORT_QUERY_REACTOR_H_
 #define SHARDCAST_SERVER_TRANSPORT_QUERY_REACTOR_H_
 
+#include <cstddef>
+
 #include "grpcpp/generic/async_generic_service.h"
+#include "server/engine/query.h"
 #include "server/transport/context.h"
 
 namespace shardcast {
 
 /// Prefix of the methods a QueryReactor serves.
 inline constexpr char kQueryMethodPrefix[] = "/shardcast.v1.Query/";
+
+/// Up to this many vectors a cached GetVectors is served inline, on gRPC's
+/// callback thread (64 x 4 KiB vectors: a ~20 us copy); the two thread hops
+/// to the worker pool and back would cost more than the call itself.
+inline constexpr size_t kInlineMaxVectors = 64;
+
+/// How a GetVectors of `n` vectors that was not served inline reads the
+/// vectors the page cache lacks. A call the inline attempt tried has
+/// already started its first miss's read into the page cache: the rest go
+/// through the cache too; larger calls read their misses with O_DIRECT.
+inline ColdReads ColdReadsFor(size_t n) {
+  return n > kInlineMaxVectors ? ColdReads::kDirect : ColdReads::kPageCache;
+}
 
 /// Starts serving the call; deletes itself when gRPC is done with it.
 grpc::ServerGenericBidiReactor* NewQueryReactor(

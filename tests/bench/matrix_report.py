@@ -212,6 +212,9 @@ def main():
     print("|---:|---:|---:|---:|---|---|---:|")
     for r in warm:
         print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} | {'-' if r[6] is None else format(r[6], '.2f')} |")
+    session_rts = [load(p)["p50_us"] for p in
+                   (os.path.join(a.out, f"session-{r}.json") for r in range(1, a.repeat + 1))
+                   if finished(p)]
     if query:
         print()
         print("| random access | shardcast | reference | ratio | target | |")
@@ -219,10 +222,15 @@ def main():
         for r in query:
             print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]} | {r[5]} |")
         print(f"bare unary round trips p50 (us): {', '.join(f'{x:.0f}' for x in rts)}")
+        if session_rts:
+            print("bare session round trips p50 (us, messages on one call, 4 KiB reply; "
+                  "the transport of small GetVectors): "
+                  f"{', '.join(f'{x:.0f}' for x in session_rts)}")
     if a.seconds:
         print(f"matrix run time: {a.seconds} s")
 
-    figures = {"cold": cold, "warm": warm, "query": query, "unary_p50_us": rts}
+    figures = {"cold": cold, "warm": warm, "query": query, "unary_p50_us": rts,
+               "session_p50_us": session_rts}
     with open(a.json, "w") as f:
         json.dump(figures, f, indent=1)
 

@@ -59,6 +59,9 @@ const std::vector<OptionSpec> kSpecs = {
      "the Client's stream_vectors_from: calls of at least N vectors use "
      "StreamVectors, parts sent as the reads complete (default: the "
      "library's, 64; 0 = never)"},
+    {"no-session", nullptr,
+     "the Client's query_session off: every call below --stream-from is a "
+     "unary GetVectors (default: messages on one VectorsSession call)"},
     {"warmup-calls", "N", "untimed single calls before timing (default 16)"},
     {"seed", "S", "seed of the random coordinates (default 1)"},
     {"malloc-keep", nullptr,
@@ -365,6 +368,7 @@ int Main(int argc, char** argv) {
 
   options.query_calls_in_flight = static_cast<int>(ints[8]);
   options.stream_vectors_from = ints[9];
+  options.query_session = !args->Has("no-session");
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(address, options);
   if (!client.ok()) {
@@ -408,6 +412,7 @@ int Main(int argc, char** argv) {
   out["threads"] = threads;
   out["calls_in_flight"] = options.query_calls_in_flight;
   out["stream_from"] = options.stream_vectors_from;
+  out["query_session"] = options.query_session;
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;

@@ -170,6 +170,11 @@ if has query; then
   echo "== bare gRPC unary round trip"
   for r in $(seq "$REPEAT"); do
     "$BARE" --socket "$M/bare.sock" --unary 20000 --json > "$OUT/unary-$r.json"
+    # The same round trips as messages on one long-lived call with a
+    # one-vector reply: the transport of the client library's small calls
+    # (VectorsSession), shown beside the issue's unary reference.
+    "$BARE" --socket "$M/bare.sock" --unary 20000 --session --reply-bytes 4096 --json \
+      > "$OUT/session-$r.json"
     # The same with a reply of 256 vectors of 4 KiB (the batch rows' reply).
     "$BARE" --socket "$M/bare.sock" --unary 2000 --reply-bytes $((256 * 4096)) --malloc-keep \
       --json > "$OUT/unary-batch-$r.json"

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -562,7 +564,8 @@ SharedCallsOutcome RunThreadsOfOneClient(
 
 // ClientOptions::stream_vectors_from: calls of that many vectors or more go
 // as StreamVectors (parts in completion order, put back together by the
-// library), the others as GetVectors; both give the generator's values, and
+// library), the others as messages on a VectorsSession call or, with
+// query_session off, as GetVectors; all give the generator's values, and
 // the errors of GetVectors. The daemon's debug log shows which method ran.
 TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
   daemon_ = StartDaemon();
@@ -572,10 +575,13 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
     coords.push_back({static_cast<int64_t>(rng() % 40), rng() % 2 ? 6 : -2,
                       static_cast<int64_t>(rng() % 17)});
   }
-  for (int64_t from : {int64_t{0}, int64_t{1}, int64_t{64}}) {
-    SCOPED_TRACE(absl::StrCat("stream_vectors_from ", from));
+  for (auto [from, session] : std::vector<std::pair<int64_t, bool>>{
+           {0, false}, {1, false}, {64, false}, {0, true}, {64, true}}) {
+    SCOPED_TRACE(
+        absl::StrCat("stream_vectors_from ", from, " session ", session));
     ClientOptions options;
     options.stream_vectors_from = from;
+    options.query_session = session;
     auto client = Client::Connect("unix:" + socket_, options);
     ASSERT_TRUE(client.ok()) << client.status();
     for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{500}}) {
@@ -605,6 +611,76 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
   EXPECT_NE(log.find("call /shardcast.v1.Query/StreamVectors"),
             std::string::npos);
   EXPECT_NE(log.find("call /shardcast.v1.Query/GetVectors"), std::string::npos);
+  EXPECT_NE(log.find("call /shardcast.v1.Query/VectorsSession"),
+            std::string::npos);
+}
+
+// Sixteen threads of one Client asking a few vectors each: every request
+// gets the generator's values, all of them on one VectorsSession call.
+TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + t);
+      for (int i = 0; i < 150; ++i) {
+        std::vector<VectorCoord> coords(1 + rng() % 3);
+        for (VectorCoord& c : coords) {
+          c = {static_cast<int64_t>(rng() % 40), rng() % 2 ? 6 : -2,
+               static_cast<int64_t>(rng() % 17)};
+        }
+        auto r = client->GetVectors(main_id_, coords);
+        bool ok =
+            r.ok() && r->shape == std::vector<int64_t>{
+                                      static_cast<int64_t>(coords.size()), 32};
+        for (size_t j = 0; ok && j < coords.size(); ++j) {
+          for (int64_t k = 0; k < 32; k += 5) {
+            ok = ok &&
+                 r->values[j * 32 + static_cast<size_t>(k)] ==
+                     Expected(coords[j].example, coords[j].layer == 6 ? 1 : 0,
+                              coords[j].token, k);
+          }
+        }
+        if (!ok) wrong++;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
+  size_t sessions = 0;
+  for (size_t at = 0; (at = log.find("call /shardcast.v1.Query/VectorsSession",
+                                     at)) != std::string::npos;
+       ++at) {
+    ++sessions;
+  }
+  EXPECT_EQ(sessions, 1u);
+  EXPECT_EQ(log.find("call /shardcast.v1.Query/GetVectors"), std::string::npos);
+}
+
+// The daemon restarts under an open session: the session breaks, the
+// next calls open a new one and get the right values.
+TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->GetVectors(main_id_, {{2, 6, 3}}).ok());
+  ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
+  ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(10)), -1)
+      << "an idle session kept the daemon from exiting";
+  daemon_ = StartDaemon();
+  absl::StatusOr<VectorBlock> r;
+  for (int i = 0; i < 50; ++i) {
+    r = client->GetVectors(main_id_, {{5, -2, 7}});
+    if (r.ok()) break;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[9], Expected(5, 0, 7, 9));
 }
 
 // A shard that turns out short while a streamed call's parts are going out:

@@ -626,6 +626,76 @@ def test_stream_vectors_errors_and_a_client_leaving_mid_call(stubs, query, datas
     assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
 
 
+def session_request(stubs, rid, dataset_id, coords):
+    req = stubs.pb2.SessionRequest(id=rid)
+    req.vectors.dataset = dataset_id
+    for e, l, t in coords:
+        req.vectors.coordinates.add(example=e, layer=l, token=t)
+    return req
+
+
+def test_vectors_session_answers_each_request_by_id(stubs, query, datasets, daemon):
+    """Many requests on one VectorsSession call, sent before any reply is
+    read: every reply carries its request's id, holds exactly numpy's bytes
+    (or that request's own error), and the call ends OK when the client
+    closes its side."""
+    rng = np.random.default_rng(20261127)
+    ds = datasets.by_name["main"]
+    evict(ds)  # some requests wait for the disk, so replies come out of order
+    expected = {}
+    requests = []
+    for rid in range(1, 61):
+        if rid == 17:  # a coordinate past the end: this request's error only
+            coords = [(0, ds.layers[0], 0), (ds.n, ds.layers[0], 0)]
+            expected[rid] = None
+        else:
+            coords = ds.random_coords(rng, int(rng.integers(1, 40)))
+            expected[rid] = (coords, expected_bytes(ds, coords))
+        requests.append(session_request(stubs, 1000 + rid, ds.id, coords))
+    call = query.VectorsSession(iter(requests), timeout=RPC_TIMEOUT)
+    replies = {}
+    for reply in call:
+        assert reply.id not in replies, f"id {reply.id} answered twice"
+        replies[reply.id] = reply
+    assert call.code() == grpc.StatusCode.OK, call.details()
+    assert sorted(replies) == [1000 + rid for rid in expected], sorted(replies)
+    for rid, want in expected.items():
+        reply = replies[1000 + rid]
+        if want is None:
+            assert reply.code == grpc.StatusCode.OUT_OF_RANGE.value[0], reply
+            assert "coordinates[1]" in reply.message, reply.message
+            assert not reply.data and not reply.shape
+            continue
+        coords, data = want
+        assert reply.code == 0, reply.message
+        assert list(reply.shape) == [len(coords), ds.D], rid
+        assert reply.data == data, f"request {rid}: {first_mismatch(ds, coords, reply.data)}"
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
+def test_vectors_session_malformed_message_ends_the_call(stubs, channel, query, datasets,
+                                                         daemon):
+    """Bytes that are no SessionRequest end the session with INVALID_ARGUMENT
+    (after answering the request before them); the daemon serves on."""
+    ds = datasets.by_name["main"]
+    good = session_request(stubs, 5, ds.id, [(1, ds.layers[0], 2)])
+    raw = channel.stream_stream("/shardcast.v1.Query/VectorsSession",
+                                request_serializer=lambda b: b,
+                                response_deserializer=stubs.pb2.SessionReply.FromString)
+    call = raw(iter([good.SerializeToString(), b"\xff\xff\xff\xff"]), timeout=RPC_TIMEOUT)
+    got = []
+    with pytest.raises(grpc.RpcError) as info:
+        for reply in call:
+            got.append(reply)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert "SessionRequest" in (info.value.details() or ""), info.value.details()
+    assert [r.id for r in got] == [5]
+    assert got[0].data == expected_bytes(ds, [(1, ds.layers[0], 2)])
+    coords = [(3, ds.layers[0], 1)]
+    assert get_vectors(stubs, query, ds.id, coords).data == expected_bytes(ds, coords)
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
 def test_get_example_equal_numpy(stubs, query, datasets):
     rng = np.random.default_rng(7)
     for ds in served(datasets):
@@ -839,7 +909,13 @@ def test_health_status_and_http(stubs, channel, query, admin, datasets, daemon):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    for metric in ("shardcast_calls_total", "shardcast_sent_bytes_total"):
+    # One session request, so that its counter has moved.
+    list(query.VectorsSession(iter([session_request(stubs, 1, ds.id, coords)]),
+                              timeout=RPC_TIMEOUT))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for metric in ("shardcast_calls_total", "shardcast_sent_bytes_total",
+                   "shardcast_session_requests_total"):
         lines = [l for l in text.splitlines() if re.match(rf"{metric}(\{{[^}}]*\}})? ", l)]
         assert lines, f"/metrics has no {metric} sample:\n{text[:3000]}"
         assert any(float(l.rsplit(" ", 1)[1]) > 0 for l in lines), lines

@@ -160,6 +160,11 @@ class QueryStub(object):
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
                 response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.VectorRows.FromString,
                 )
+        self.VectorsSession = channel.stream_stream(
+                '/shardcast.v1.Query/VectorsSession',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.SessionRequest.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.SessionReply.FromString,
+                )
         self.GetExample = channel.unary_unary(
                 '/shardcast.v1.Query/GetExample',
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetExampleRequest.SerializeToString,
@@ -202,6 +207,21 @@ class QueryServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VectorsSession(self, request_iterator, context):
+        """Many GetVectors requests on one long-lived call: each request message
+        carries an id, and its reply (the vectors, or that request's error)
+        carries the same id, in the order the replies are ready, which need not
+        be the order asked. A message costs both sides less than a unary call
+        (tests/bench/RESULTS.md, random access), so a client whose threads ask
+        for a few vectors at a time keeps one session open instead. A request's
+        error ends only that request; a malformed message ends the call
+        (INVALID_ARGUMENT). The client ends the call by closing its side; the
+        daemon answers what is in flight first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetExample(self, request, context):
         """All tokens of one example: [T, d_model] for one layer, or
         [L, T, d_model] for all layers.
@@ -239,6 +259,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.StreamVectors,
                     request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.FromString,
                     response_serializer=shardcast_dot_v1_dot_shardcast__pb2.VectorRows.SerializeToString,
+            ),
+            'VectorsSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.VectorsSession,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.SessionRequest.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.SessionReply.SerializeToString,
             ),
             'GetExample': grpc.unary_unary_rpc_method_handler(
                     servicer.GetExample,
@@ -297,6 +322,23 @@ class Query(object):
         return grpc.experimental.unary_stream(request, target, '/shardcast.v1.Query/StreamVectors',
             shardcast_dot_v1_dot_shardcast__pb2.GetVectorsRequest.SerializeToString,
             shardcast_dot_v1_dot_shardcast__pb2.VectorRows.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def VectorsSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/shardcast.v1.Query/VectorsSession',
+            shardcast_dot_v1_dot_shardcast__pb2.SessionRequest.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.SessionReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
