@@ -19,7 +19,7 @@ namespace shardcast {
 namespace {
 
 // Reads one request at a time while fewer than kSessionMaxInFlight are
-// being served; serves each (inline or on a worker); writes the replies one
+// being served or waiting to be written; serves each (inline or on a worker); writes the replies one
 // at a time in the order they are ready. Finishes once the client has closed
 // its side (or sent a malformed message, or gone away) and every request
 // read is answered, so no worker task outlives the reactor. Each request
@@ -94,6 +94,7 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
   void OnWriteDone(bool ok) override {
     TsanReaction reaction(this);
     bool write = false;
+    bool read = false;
     bool finish = false;
     {
       MutexLock lock(&mu_);
@@ -110,12 +111,14 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
         writing_ = true;
         write = true;
       }
+      read = TakeReadSlot();  // a reply fewer held
       finish = ReadyToFinish();
     }
     if (write) {
       context_.metrics->bytes_served += reply_.Length();
       TsanHandOff(this, [&] { StartWrite(&reply_); });
     }
+    if (read) TsanHandOff(this, [&] { StartRead(&request_); });
     if (finish) FinishSession();
   }
 
@@ -193,10 +196,13 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
     if (finish) FinishSession();
   }
 
-  // Whether the caller should start the next read (reading_ then set).
+  // Whether the caller should start the next read (reading_ then set):
+  // not while kSessionMaxInFlight requests are being served or their
+  // replies wait to be written (a client that sends without reading is
+  // held back by HTTP/2 flow control, not buffered here).
   bool TakeReadSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (reading_ || read_closed_ || gone_ ||
-        in_flight_ >= kSessionMaxInFlight) {
+    const size_t held = in_flight_ + queued_.size() + (writing_ ? 1 : 0);
+    if (reading_ || read_closed_ || gone_ || held >= kSessionMaxInFlight) {
       return false;
     }
     reading_ = true;

@@ -17,9 +17,9 @@ namespace shardcast {
 inline constexpr char kVectorsSessionMethod[] =
     "/shardcast.v1.Query/VectorsSession";
 
-/// Requests of one session being served at once; the session reads no
-/// further message until one of them is answered (its replies wait to be
-/// written, so this bounds what a session holds).
+/// Requests of one session being served or whose replies wait to be
+/// written; the session reads no further message until one of them has
+/// gone out, so this bounds what a session holds.
 inline constexpr size_t kSessionMaxInFlight = 64;
 
 /// Starts serving the call; deletes itself when gRPC is done with it.

@@ -673,6 +673,40 @@ def test_vectors_session_answers_each_request_by_id(stubs, query, datasets, daem
     assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
 
 
+def metric_value(daemon, name):
+    port = daemon.http_port()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    lines = [l for l in text.splitlines() if l.startswith(name + " ")]
+    assert len(lines) == 1, f"/metrics has no single {name} sample:\n{text[:3000]}"
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+def test_vectors_session_holds_back_a_client_that_does_not_read(stubs, query, datasets,
+                                                                daemon):
+    """A client that sends requests and reads no reply: the daemon stops
+    reading its requests (HTTP/2 flow control holds the rest back) instead of
+    keeping every reply; once the client reads, every request is answered."""
+    ds = datasets.by_name["main"]
+    rng = np.random.default_rng(99)
+    coords = ds.random_coords(rng, 60)
+    n = 4000  # 4000 replies of 60 x 32 floats: 31 MB
+    before = metric_value(daemon, "shardcast_session_requests_total")
+    call = query.VectorsSession(
+        (session_request(stubs, i, ds.id, coords) for i in range(n)), timeout=60)
+    time.sleep(2.0)
+    received = metric_value(daemon, "shardcast_session_requests_total") - before
+    assert 0 < received < n / 2, f"the daemon read {received} of {n} requests unanswered"
+    print(f"the daemon read {received:.0f} of {n} requests before the client read")
+    want = expected_bytes(ds, coords)
+    ids = set()
+    for reply in call:
+        assert reply.code == 0 and reply.data == want, (reply.id, reply.message)
+        ids.add(reply.id)
+    assert ids == set(range(n))
+    assert daemon.proc.poll() is None, f"shardcastd died\n{daemon.describe()}"
+
+
 def test_vectors_session_malformed_message_ends_the_call(stubs, channel, query, datasets,
                                                          daemon):
     """Bytes that are no SessionRequest end the session with INVALID_ARGUMENT
