@@ -19,14 +19,14 @@ namespace shardcast {
 namespace {
 
 // Reads one request at a time while fewer than kSessionMaxInFlight are
-// being served or waiting to be written; serves each (inline or on a worker); writes the replies one
-// at a time in the order they are ready. Finishes once the client has closed
-// its side (or sent a malformed message, or gone away) and every request
-// read is answered, so no worker task outlives the reactor. Each request
-// counts as a call in flight while it is served (the daemon's shutdown
-// waits for those), the session itself not: an idle session is cancelled
-// at shutdown like a connection. Each request counts as a call in the
-// daemon's figures (calls_total, results by code); the sessions themselves
+// being served or waiting to be written; serves each (inline or on a
+// worker); writes the replies one at a time in the order they are ready.
+// Finishes once the client has closed its side (or sent a malformed message,
+// or gone away) and every request read is answered, so no worker task
+// outlives the reactor. Each request counts as a call in the daemon's
+// figures (in flight while served, which the daemon's shutdown waits for;
+// calls_total; results by code); the session itself does not: an idle
+// session is cancelled at shutdown like a connection, and the sessions show
 // in shardcast_query_sessions.
 class SessionReactor final : public grpc::ServerGenericBidiReactor {
  public:
