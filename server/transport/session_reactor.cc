@@ -80,15 +80,20 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
       MutexLock lock(&mu_);
       reading_ = false;
       in_flight_++;
+      in_read_callback_ = true;  // an inline answer must not finish yet
     }
     Serve(req.id(), std::move(*req.mutable_vectors()->mutable_dataset()),
           req.vectors());
     bool read = false;
+    bool finish = false;
     {
       MutexLock lock(&mu_);
+      in_read_callback_ = false;
       read = TakeReadSlot();
+      finish = ReadyToFinish();
     }
     if (read) TsanHandOff(this, [&] { StartRead(&request_); });
+    if (finish) FinishSession();
   }
 
   void OnWriteDone(bool ok) override {
@@ -201,6 +206,8 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
   // replies wait to be written (a client that sends without reading is
   // held back by HTTP/2 flow control, not buffered here).
   bool TakeReadSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // The client is gone: no read is started again (one in flight fails).
+    if (gone_ && !reading_) read_closed_ = true;
     const size_t held = in_flight_ + queued_.size() + (writing_ ? 1 : 0);
     if (reading_ || read_closed_ || gone_ || held >= kSessionMaxInFlight) {
       return false;
@@ -211,8 +218,8 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
 
   // True once, when nothing is left to read, serve or write.
   bool ReadyToFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || reading_ || !read_closed_ || in_flight_ > 0 || writing_ ||
-        !queued_.empty()) {
+    if (finished_ || in_read_callback_ || reading_ || !read_closed_ ||
+        in_flight_ > 0 || writing_ || !queued_.empty()) {
       return false;
     }
     finished_ = true;
@@ -245,6 +252,9 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;      // reply_ is in flight
   bool gone_ ABSL_GUARDED_BY(mu_) = false;         // a write failed
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // OnReadDone is serving the request it read: the session may not finish
+  // (and be deleted) under it.
+  bool in_read_callback_ ABSL_GUARDED_BY(mu_) = false;
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests being served
   std::deque<grpc::ByteBuffer> queued_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);  // a malformed message
