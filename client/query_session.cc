@@ -41,6 +41,9 @@ QuerySession::CallOnce(const v1::GetVectorsRequest& request,
   v1::SessionRequest message;
   {
     MutexLock lock(&mu_);
+    slot_free_.Wait(&mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return outstanding_ < kMaxOutstanding;
+    });
     if (unsupported_) return std::nullopt;
     if (stream_ == nullptr) {
       stream_ = std::make_shared<Stream>();
@@ -49,6 +52,7 @@ QuerySession::CallOnce(const v1::GetVectorsRequest& request,
     s = stream_;
     const uint64_t id = next_id_++;
     s->pending.emplace(id, &mine);
+    outstanding_++;
     message.set_id(id);
   }
   *message.mutable_vectors() = request;
@@ -90,6 +94,8 @@ void QuerySession::ReadUntilDone(const std::shared_ptr<Stream>& s,
     if (it == s->pending.end()) continue;  // not asked: ignored
     Pending* p = it->second;
     s->pending.erase(it);
+    outstanding_--;
+    slot_free_.Signal();
     p->done = true;
     if (reply->code() != 0) {
       p->reply = absl::Status(static_cast<absl::StatusCode>(reply->code()),
@@ -132,7 +138,9 @@ void QuerySession::EndStream(const std::shared_ptr<Stream>& s) {
     p->reply = error;
     p->cv.Signal();
   }
+  outstanding_ -= s->pending.size();
   s->pending.clear();
+  slot_free_.SignalAll();
 }
 
 }  // namespace internal_client

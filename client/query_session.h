@@ -35,6 +35,10 @@ namespace internal_client {
 
 class QuerySession {
  public:
+  /// Requests one session has sent and not yet had answered (more callers
+  /// wait their turn before sending).
+  static constexpr size_t kMaxOutstanding = 64;
+
   explicit QuerySession(v1::Query::Stub* stub) : stub_(stub) {}
   QuerySession(const QuerySession&) = delete;
   QuerySession& operator=(const QuerySession&) = delete;
@@ -87,6 +91,13 @@ class QuerySession {
   Mutex mu_;
   std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);  // null: none open
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Requests sent (or being sent) and not yet answered, on any stream; at
+  // most kMaxOutstanding, the daemon's kSessionMaxInFlight. The daemon
+  // stops reading only while it holds that many, which then are all of
+  // them: a Write never waits on a daemon that has stopped reading, so
+  // every caller gets past its Write and can take its turn to read.
+  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar slot_free_;  // outstanding_ fell
   bool unsupported_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -661,6 +661,43 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
   EXPECT_EQ(log.find("call /shardcast.v1.Query/GetVectors"), std::string::npos);
 }
 
+// A hundred threads with no call sharing (query_calls_in_flight 0) and
+// every call on the session (stream_vectors_from 0), 2000 vectors each: far
+// more request and reply bytes than one HTTP/2 window, more requests than
+// the 64 a session holds or sends at once. Every request is answered with
+// the generator's values.
+TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
+  daemon_ = StartDaemon();
+  ClientOptions options;
+  options.query_calls_in_flight = 0;
+  options.stream_vectors_from = 0;
+  auto client = Client::Connect("unix:" + socket_, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 100; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(500 + t);
+      for (int i = 0; i < 5; ++i) {
+        std::vector<VectorCoord> coords(2000);
+        for (VectorCoord& c : coords) {
+          c = {static_cast<int64_t>(rng() % 40), 6,
+               static_cast<int64_t>(rng() % 17)};
+        }
+        auto r = (*client)->GetVectors(main_id_, coords);
+        bool ok = r.ok() && r->shape == std::vector<int64_t>{2000, 32};
+        for (size_t j = 0; ok && j < coords.size(); ++j) {
+          ok = r->values[j * 32 + 31] ==
+               Expected(coords[j].example, 1, coords[j].token, 31);
+        }
+        if (!ok) wrong++;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 // The daemon restarts under an open session: the session breaks, the
 // next calls open a new one and get the right values.
 TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
