@@ -41,8 +41,12 @@ QuerySession::CallOnce(const v1::GetVectorsRequest& request,
   v1::SessionRequest message;
   {
     MutexLock lock(&mu_);
+    // Not while a broken session is being finished: its status may say
+    // the daemon has no sessions at all (unsupported_), and then none
+    // should be opened again.
     slot_free_.Wait(&mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return outstanding_ < kMaxOutstanding;
+      return outstanding_ < kMaxOutstanding &&
+             (stream_ == nullptr || !stream_->dead);
     });
     if (unsupported_) return std::nullopt;
     if (stream_ == nullptr) {
@@ -111,8 +115,7 @@ void QuerySession::ReadUntilDone(const std::shared_ptr<Stream>& s,
 }
 
 void QuerySession::EndStream(const std::shared_ptr<Stream>& s) {
-  s->dead = true;
-  if (stream_ == s) stream_.reset();
+  s->dead = true;  // new callers wait until it is finished (CallOnce)
   // Every write on s has returned once the write lock is free; Finish
   // waits for the daemon's status (the reads are over).
   mu_.Unlock();
@@ -126,6 +129,7 @@ void QuerySession::EndStream(const std::shared_ptr<Stream>& s) {
   const bool unsupported =
       !s->any_reply && status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
   if (unsupported) unsupported_ = true;
+  if (stream_ == s) stream_.reset();
   absl::Status error = FromGrpcStatus(status);
   if (error.ok()) {
     error = absl::UnavailableError(
