@@ -72,13 +72,16 @@ absl::StatusOr<VectorBlock> CallCombiner::GetVectors(
   group->coords.insert(group->coords.end(), coords.begin(), coords.end());
   ++group->members;
   if (join) {
-    group->finished.Wait(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return group->done;
-    });
+    mu_.Unlock();
+    MutexLock lock(&group->done_mu);
+    group->finished.Wait(&group->done_mu,
+                         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(group->done_mu) {
+                           return group->done;
+                         });
   } else {
     RunGroup(group.get());
+    mu_.Unlock();
   }
-  mu_.Unlock();
   return Share(*group, offset, dataset, coords);
 }
 
@@ -94,11 +97,15 @@ void CallCombiner::RunGroup(Group* group) {
   mu_.Unlock();
   // The group's coords no longer change: read without the lock.
   absl::StatusOr<VectorBlock> result = call_(group->dataset, group->coords);
+  {
+    MutexLock lock(&group->done_mu);
+    group->result = std::move(result);
+    group->done = true;
+  }
+  // Every member holds the group (shared_ptr): it outlives this signal.
+  group->finished.SignalAll();
   mu_.Lock();
   --in_flight_;
-  group->result = std::move(result);
-  group->done = true;
-  group->finished.SignalAll();
   turn_.SignalAll();
 }
 
