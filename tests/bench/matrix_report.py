@@ -252,6 +252,9 @@ def main():
     }
     # A run of some steps only (STEPS=warm) plots the panels it has.
     spec["panels"] = [p for p in spec["panels"] if p["series"]]
+    if not spec["panels"]:
+        print(f"plot: none (no streaming rows in this run); figures: {a.json}")
+        return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
         import plot_png
