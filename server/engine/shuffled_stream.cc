@@ -382,6 +382,12 @@ absl::StatusOr<BatchSource::Fill> ShuffledStream::Assemble(
     }
     // The epoch is over: nothing left, or only a short batch to drop.
     in_batch_ = false;
+    // Nothing of a dropped batch may reach the next one, which fills the
+    // same rows: neither its views (runs in front of the next batch's) nor
+    // its copies not made yet (a second write to those rows, which a gather
+    // helper could finish last). Its blocks stay held until Copy() as usual.
+    copies_.clear();
+    if (dest.views != nullptr) dest.views->Clear();
     // An epoch that delivered nothing (drop_last with fewer vectors than a
     // batch, every label excluded) will deliver nothing ever again: end
     // instead of re-reading the selection for ever.
