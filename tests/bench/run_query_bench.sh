@@ -170,7 +170,12 @@ cold() {  # NAME ARGS...: evict, run query_bench, keep its JSON and disk bytes
 # the 2-core VM, qd256 no hint, 101 K IOPS over 15 % of the file against 118 K
 # over 78 %, O_DIRECT 106 K and 103 K, same minutes) and gives the daemon's
 # repeated coordinates cache hits.
-VECTORS=$(( BENCH_EXAMPLES * 2 * 257 ))  # 2 layers x (CLS + 256 tokens)
+# (query_bench draws distinct coordinates only up to half the vectors.)
+(( COLD_SHARE >= 2 )) || die "COLD_SHARE must be >= 2 (got $COLD_SHARE)"
+# The vectors of the dataset as its metadata.json counts them.
+VECTORS=$("$PY" -c 'import json,sys; m=json.load(open(sys.argv[1]))
+print(m["n_examples"] * len(m["layers"]) * (m["patches_per_ex"] + int(m["cls_token"])))' \
+  "$DSDIR/metadata.json") || die "cannot count the vectors of $DSDIR/metadata.json"
 COLD_VECTORS=$(( VECTORS / COLD_SHARE ))
 BATCH_CALLS=$(( COLD_VECTORS / 256 ))
 (( BATCH_CALLS >= 50 )) || die "BENCH_EXAMPLES=$BENCH_EXAMPLES gives $BATCH_CALLS cold 256-vector calls; use more examples"
