@@ -1,6 +1,5 @@
 #include "server/transport/shm_service.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -17,6 +16,7 @@
 #include "common/log.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
+#include "common/unix_socket.h"
 #include "server/transport/address.h"
 
 namespace shardcast {
@@ -41,27 +41,7 @@ std::string HumanSize(uint64_t bytes) {
 
 // Sends `reply`, with `fd` as SCM_RIGHTS when >= 0.
 absl::Status SendReply(int sock, const shm::RegionReply& reply, int fd) {
-  const std::string bytes = reply.Encode();
-  struct iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return ErrnoToStatus(errno, "send the region to the client");
-  return absl::OkStatus();
+  return SendWithDescriptor(sock, reply.Encode(), fd);
 }
 
 }  // namespace
@@ -202,18 +182,10 @@ absl::StatusOr<std::shared_ptr<ShmRegion>> ShmService::MakeRegion(
       engine_->LeaseMemory(
           bytes, absl::StrCat("shared-memory region of ", slots, " slots of ",
                               HumanSize(slot_bytes))));
-  UniqueFd fd(
-      ::memfd_create("shardcast-region", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoToStatus(errno, "memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return ErrnoToStatus(errno, "size the shared-memory region");
-  }
   // Sealed: the client can neither shrink the region under the daemon's
   // writes (SIGBUS) nor change the seals.
-  if (::fcntl(fd.get(), F_ADD_SEALS,
-              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ErrnoToStatus(errno, "seal the shared-memory region");
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, SealedMemfd("shardcast-region", bytes,
+                                            "shared-memory region"));
   // Not populated here: the populate thread does it once the reply is out
   // (the header says why).
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
