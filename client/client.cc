@@ -17,11 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/call_combiner.h"
+#include "client/local_queries.h"
 #include "client/query_session.h"
 #include "client/shared_memory_internal.h"
 #include "client/vector_rows.h"
 #include "common/file.h"
 #include "common/mutex.h"
+#include "common/query_protocol.h"
 #include "common/status.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -494,6 +496,8 @@ struct Client::Impl {
   std::unique_ptr<v1::Stream::Stub> stream;
   internal_client::QuerySession session{query.get()};  // small GetVectors
   internal_client::CallCombiner vectors;  // GetVectors calls
+  // GetVectors on the local query socket; null: over gRPC.
+  std::unique_ptr<internal_client::LocalQueries> local_queries;
   // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.
   std::atomic<bool> no_stream_vectors{false};
 };
@@ -702,8 +706,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      options.connect_timeout_seconds,
                      " s (is it running? right address/TLS?)"));
   }
-  return std::unique_ptr<Client>(
-      new Client(std::make_unique<Impl>(std::move(channel), address, options)));
+  auto impl = std::make_unique<Impl>(std::move(channel), address, options);
+  const std::string socket = internal_client::UnixSocketPath(address);
+  if (options.local_queries && !socket.empty()) {
+    // Null when the daemon has no local query socket.
+    impl->local_queries = internal_client::LocalQueries::Open(
+        socket + local_query::kSocketSuffix, options.connect_timeout_seconds);
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 absl::StatusOr<std::vector<DatasetDescription>> Client::ListDatasets() {
@@ -786,6 +796,11 @@ absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
 
 absl::StatusOr<VectorBlock> Client::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
+  if (impl_->local_queries != nullptr) {
+    std::optional<absl::StatusOr<VectorBlock>> local =
+        impl_->local_queries->GetVectors(dataset, coords);
+    if (local.has_value()) return std::move(*local);
+  }
   return impl_->vectors.GetVectors(dataset, coords);
 }
 

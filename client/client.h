@@ -58,6 +58,14 @@ struct ClientOptions {
   /// (tests/bench/RESULTS.md, random access). A daemon without
   /// VectorsSession gets unary calls. False: always unary.
   bool query_session = true;
+  /// On a Unix socket, GetVectors goes through the daemon's local query
+  /// socket when it offers one (README.md, "Local queries"): one small
+  /// message each way per call, the vectors read by the daemon straight
+  /// into memory this process shares with it, and no gRPC on either side.
+  /// Each thread calling at once has a connection of its own, so their
+  /// calls are in flight together (query_calls_in_flight, stream_vectors_from
+  /// and query_session then apply to gRPC calls only). False: gRPC.
+  bool local_queries = true;
 };
 
 /// One vector/coordinate request.

@@ -16,10 +16,15 @@
 namespace shardcast {
 namespace internal_client {
 
-std::string SharedMemorySocket(const std::string& address) {
+std::string UnixSocketPath(const std::string& address) {
   if (!absl::StartsWith(address, "unix:")) return "";
   std::string path = address.substr(5);
   if (absl::StartsWith(path, "//")) path = path.substr(2);
+  return path;
+}
+
+std::string SharedMemorySocket(const std::string& address) {
+  const std::string path = UnixSocketPath(address);
   return path.empty() ? "" : path + shm::kSocketSuffix;
 }
 

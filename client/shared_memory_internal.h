@@ -14,8 +14,11 @@
 namespace shardcast {
 namespace internal_client {
 
+/// The path of gRPC `address` when it is a Unix socket ("unix:/path" or
+/// "unix:///path"), or "".
+std::string UnixSocketPath(const std::string& address);
 /// The shared-memory socket of a daemon at gRPC `address`, or "" when the
-/// address is not a Unix socket ("unix:/path" or "unix:///path").
+/// address is not a Unix socket.
 std::string SharedMemorySocket(const std::string& address);
 
 /// A mapped region. The connection that asked for it stays open until

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/query_protocol.h"
 #include "common/shm_protocol.h"
 #include "common/status.h"
 #include "common/tsan.h"
@@ -31,6 +34,7 @@
 #include "server/transport/grpc_wire.h"
 #include "server/transport/http_admin.h"
 #include "server/transport/local_acceptor.h"
+#include "server/transport/local_query_service.h"
 #include "server/transport/metrics.h"
 #include "server/transport/payload_router.h"
 #include "server/transport/shm_service.h"
@@ -250,6 +254,8 @@ struct Daemon::Impl {
   // The Unix socket (null without); before shm, which asks it who may map.
   std::unique_ptr<LocalAcceptor> local;
   std::unique_ptr<ShmService> shm;  // null: shared memory is off
+  // Null: local queries are off, or the kernel has no io_uring.
+  std::unique_ptr<LocalQueryService> local_queries;
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
@@ -315,6 +321,36 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       return local->Admits({0, uid, gid});
     };
     ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
+  }
+  if (!options.unix_socket.empty() && !options.disable_local_queries) {
+    LocalQueryOptions lq;
+    lq.path = options.unix_socket + local_query::kSocketSuffix;
+    lq.mode = kSocketMode;
+    lq.group = options.socket_group;
+    lq.max_connections = static_cast<int>(options.max_connections);
+    lq.spin_us = static_cast<unsigned>(options.local_query_spin_us);
+    // The vectors of the largest call and their coordinates, and never
+    // less than a client's first region (16 MiB of address space here; the
+    // memory is the client's).
+    lq.max_region_bytes = std::max<uint64_t>(
+        16ull << 20, options.max_bytes_per_call +
+                         static_cast<uint64_t>(options.max_vectors_per_call) *
+                             local_query::kCoordBytes +
+                         local_query::kOutAlign);
+    lq.admits = [local = d->local.get()](uid_t uid, gid_t gid) {
+      return local->Admits({0, uid, gid});
+    };
+    absl::StatusOr<std::unique_ptr<LocalQueryService>> started =
+        LocalQueryService::Start(lq, &d->engine->queries(), &d->metrics);
+    if (started.ok()) {
+      d->local_queries = std::move(*started);
+    } else if (absl::IsUnimplemented(started.status())) {
+      // No io_uring (an old kernel, seccomp): clients ask over gRPC.
+      LogWarning("no local query socket (", started.status().ToString(),
+                 "); local clients' queries go over gRPC");
+    } else {
+      return started.status();
+    }
   }
   TransportContext context;
   context.engine = d->engine.get();
@@ -406,6 +442,9 @@ void Daemon::Shutdown() {
   }
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
+  // Its reads in flight complete first; calls not yet begun are dropped
+  // (their clients see the connection close).
+  d->local_queries.reset();
   TsanAcquire(&d->metrics);  // every admin handler ran before (Wait)
   d->pool.reset();  // runs what is queued; their reactors are already done
   // Batches sent as views pin the engine's blocks until gRPC lets go of

@@ -39,6 +39,10 @@ const std::vector<DaemonOption>& Table() {
        "serve local clients their batches in gRPC messages only, not in "
        "shared memory (PATH.shm)",
        OptionKind::kSwitch, &O::disable_shared_memory},
+      {"disable-local-queries", "disable_local_queries", nullptr,
+       "answer local clients' queries over gRPC only, not on the local "
+       "query socket (PATH.query)",
+       OptionKind::kSwitch, &O::disable_local_queries},
       {"listen-tcp", "listen_tcp", "HOST:PORT",
        "TCP listener for remote clients; TLS required unless loopback",
        OptionKind::kText, &O::tcp_address},
@@ -85,6 +89,11 @@ const std::vector<DaemonOption>& Table() {
        "threads for blocking work: query reads, stream batch assembly and "
        "writes (-1, the default: half the cores, at least 4, at most 16)",
        OptionKind::kInteger, &O::query_threads, -1, 1024},
+      {"local-query-spin-us", "local_query_spin_us", "US",
+       "with several local query calls waiting on the disk, the local query "
+       "thread looks for completions this long before it sleeps (sooner "
+       "replies for some CPU; 0: never spin)",
+       OptionKind::kInteger, &O::local_query_spin_us, 0, 10000},
       {"max-vectors-per-call", "max_vectors_per_call", "N",
        "queries asking for more vectors are RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_vectors_per_call, 1,

@@ -32,6 +32,9 @@ struct DaemonOptions {
   /// Without it, local clients get batches in shared memory through
   /// `<unix_socket>.shm` (server/transport/shm_service.h).
   bool disable_shared_memory = false;
+  /// Without it, local clients' GetVectors calls go through
+  /// `<unix_socket>.query` (server/transport/local_query_service.h).
+  bool disable_local_queries = false;
   /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
   /// TLS unless the host is loopback or insecure_tcp is set.
   std::string tcp_address;
@@ -57,6 +60,8 @@ struct DaemonOptions {
   /// socket writes of gRPC batches); -1: DefaultQueryThreads of the cores
   /// this process may run on.
   int64_t query_threads = -1;
+  /// LocalQueryOptions::spin_us (server/transport/local_query_service.h).
+  int64_t local_query_spin_us = 60;
   // Requests for more are refused; larger request messages are refused
   // before parsing (limits::RequestMessageLimit).
   int64_t max_vectors_per_call = 1 << 16;

@@ -85,6 +85,21 @@ std::shared_ptr<const QueryEngine::DirectShards> QueryEngine::MakeDirect(
 absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
     absl::string_view dataset, const std::vector<Coord>& coords, ColdReads cold,
     std::vector<ReadOp>* ops, uint64_t* direct_bytes) const {
+  VectorsResult r;
+  ASSIGN_OR_RETURN(r.shape, PlanVectorReads(
+                                dataset, coords, cold,
+                                [&r](uint64_t bytes) -> absl::StatusOr<char*> {
+                                  r.data = Payload(static_cast<size_t>(bytes));
+                                  return r.data.data();
+                                },
+                                ops, direct_bytes));
+  return r;
+}
+
+absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
+    absl::string_view dataset, const std::vector<Coord>& coords, ColdReads cold,
+    absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,
+    std::vector<ReadOp>* ops, uint64_t* direct_bytes) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   const DatasetDesc& d = reader->desc();
@@ -136,13 +151,12 @@ absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
     }
     ops->push_back(op);
   }
-  VectorsResult r;
-  r.shape = {n, d.d_model};
-  r.data = Payload(static_cast<size_t>(n) * d.vector_bytes());
+  ASSIGN_OR_RETURN(char* base,
+                   dest(static_cast<uint64_t>(n) * d.vector_bytes()));
   for (size_t i = 0; i < ops->size(); ++i) {
-    (*ops)[i].dest = r.data.data() + i * d.vector_bytes();
+    (*ops)[i].dest = base + i * d.vector_bytes();
   }
-  return r;
+  return std::vector<int64_t>{n, d.d_model};
 }
 
 absl::StatusOr<VectorsResult> QueryEngine::GetVectors(

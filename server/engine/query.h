@@ -135,6 +135,23 @@ class QueryEngine {
   absl::StatusOr<std::string> GetExampleInfo(absl::string_view dataset,
                                              int64_t example) const;
 
+  /// For transports that drive their own io_uring (one thread serving many
+  /// calls): validates a GetVectors request as GetVectors does and returns
+  /// its shape [N, D], with the reads that fill it in `ops` (vector i at
+  /// `dest + i * D * 4`, where `dest(bytes)` gives room for the N vectors,
+  /// 4 KiB-aligned, or an error that the call returns). Nothing is read;
+  /// the caller performs `ops` (ApplyReadResult) and then CountReads.
+  /// `*direct_bytes` of them are O_DIRECT reads.
+  absl::StatusOr<std::vector<int64_t>> PlanVectorReads(
+      absl::string_view dataset, const std::vector<Coord>& coords,
+      ColdReads cold, absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,
+      std::vector<ReadOp>* ops, uint64_t* direct_bytes) const;
+  /// Adds reads a transport performed for PlanVectorReads to the counters.
+  void CountReads(uint64_t bytes, uint64_t direct_bytes) const {
+    bytes_read_ += bytes;
+    direct_bytes_read_ += direct_bytes;
+  }
+
   const Catalog* catalog() const { return catalog_; }
   /// Bytes read from disk by queries so far.
   uint64_t bytes_read() const { return bytes_read_.load(); }

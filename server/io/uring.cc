@@ -100,6 +100,20 @@ bool UringRing::PrepareTimeout(struct __kernel_timespec* ts,
   return true;
 }
 
+bool UringRing::PreparePoll(int fd, unsigned events, uint64_t user_data) {
+  struct io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  if (sqe == nullptr) return false;
+  io_uring_prep_poll_add(sqe, fd, events);
+  io_uring_sqe_set_data64(sqe, user_data);
+  return true;
+}
+
+unsigned UringRing::SubmitAndPeek() {
+  io_uring_submit(ring_.get());
+  io_uring_get_events(ring_.get());
+  return io_uring_cq_ready(ring_.get());
+}
+
 int UringRing::SubmitAndWait(unsigned wait_for) {
   return io_uring_submit_and_wait(ring_.get(), wait_for);
 }

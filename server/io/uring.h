@@ -89,10 +89,18 @@ class UringRing {
   /// until then), tagged with `user_data`. False when the queue is full.
   bool PrepareTimeout(struct __kernel_timespec* ts, uint64_t user_data);
 
+  /// Queues a one-shot poll of `fd` for `events` (POLLIN...), tagged with
+  /// `user_data`; its completion's result is the events that happened (or
+  /// a negative errno). False when the queue is full.
+  bool PreparePoll(int fd, unsigned events, uint64_t user_data);
+
   /// Submits what is queued and waits for at least `wait_for` completions.
   /// Returns the kernel's result (negative errno; -EINTR, -EBUSY and
   /// -EAGAIN are transient).
   int SubmitAndWait(unsigned wait_for);
+  /// Submits what is queued and collects completions without waiting (the
+  /// kernel runs the work that posts them); returns how many are ready.
+  unsigned SubmitAndPeek();
   /// Calls `f(user_data, res)` for every completion ready now and retires
   /// them; returns how many there were.
   unsigned ForEachCompletion(absl::FunctionRef<void(uint64_t, int)> f);

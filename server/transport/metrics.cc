@@ -121,6 +121,10 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   metric("shardcast_session_requests_total", "counter",
          "GetVectors requests received on VectorsSession calls.",
          session_requests.load());
+  metric("shardcast_queries_local_total", "counter",
+         "GetVectors calls on the local query socket (PATH.query), "
+         "without gRPC.",
+         queries_local.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

@@ -34,6 +34,8 @@ struct Metrics {
   /// VectorsSession calls open now, and the requests they carried.
   std::atomic<int64_t> query_sessions{0};
   std::atomic<uint64_t> session_requests{0};
+  /// GetVectors calls on the local query socket (not gRPC).
+  std::atomic<uint64_t> queries_local{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).

@@ -5,7 +5,10 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +30,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/file.h"
+#include "common/query_protocol.h"
 #include "common/synth.h"
+#include "common/unix_socket.h"
 #include "common/writer.h"
 #include "gtest/gtest.h"
 
@@ -176,8 +181,8 @@ class DaemonTest : public ::testing::Test {
     return p;
   }
 
-  std::unique_ptr<Client> Connect() {
-    auto c = Client::Connect("unix:" + socket_);
+  std::unique_ptr<Client> Connect(const ClientOptions& options = {}) {
+    auto c = Client::Connect("unix:" + socket_, options);
     EXPECT_TRUE(c.ok()) << c.status() << "\n"
                         << ReadAll(JoinPath(dir_, "daemon.log"));
     return c.ok() ? std::move(*c) : nullptr;
@@ -244,8 +249,6 @@ TEST_F(DaemonTest, AnEmptyAddressMeansShardcastAddressAndHealthIsServing) {
 
 TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
   daemon_ = StartDaemon();
-  auto client = Connect();
-  ASSERT_NE(client, nullptr);
   std::mt19937_64 rng(5);
   std::vector<VectorCoord> coords;
   std::vector<int64_t> layer_index;
@@ -256,16 +259,26 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
                       static_cast<int64_t>(rng() % 17)});
     layer_index.push_back(li);
   }
-  auto block = client->GetVectors(main_id_, coords);
-  ASSERT_TRUE(block.ok()) << block.status();
-  ASSERT_EQ(block->shape, (std::vector<int64_t>{300, 32}));
-  for (size_t i = 0; i < coords.size(); ++i) {
-    for (int64_t k = 0; k < 32; ++k) {
-      ASSERT_EQ(block->values[i * 32 + static_cast<size_t>(k)],
-                Expected(coords[i].example, layer_index[i], coords[i].token, k))
-          << "coordinate " << i;
+  for (bool local : {true, false}) {  // the local query socket, then gRPC
+    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+    ClientOptions options;
+    options.local_queries = local;
+    auto client = Connect(options);
+    ASSERT_NE(client, nullptr);
+    auto block = client->GetVectors(main_id_, coords);
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ(block->shape, (std::vector<int64_t>{300, 32}));
+    for (size_t i = 0; i < coords.size(); ++i) {
+      for (int64_t k = 0; k < 32; ++k) {
+        ASSERT_EQ(
+            block->values[i * 32 + static_cast<size_t>(k)],
+            Expected(coords[i].example, layer_index[i], coords[i].token, k))
+            << "coordinate " << i;
+      }
     }
   }
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
   // Whole example, one layer ([T, D]) and all layers ([L, T, D]).
   auto one = client->GetExample(main_id_, 39, 6);
   ASSERT_TRUE(one.ok()) << one.status();
@@ -411,63 +424,73 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
   // 16 vectors or 1024 bytes (8 vectors of 32 floats) per call at most.
   daemon_ = StartDaemon(
       {"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
-  auto client = Connect();
-  ASSERT_NE(client, nullptr);
-  auto code = [](const auto& r) { return r.status().code(); };
-  EXPECT_EQ(code(client->GetVectors("0123456789abcdef", {{0, 6, 0}})),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(code(client->GetVectors(main_id_.substr(0, 4), {{0, 6, 0}})),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(client->GetVectors(main_id_, {{40, 6, 0}})),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 6, 17}})),
-            absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 7, 0}})),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(client->GetVectors(main_id_, std::vector<VectorCoord>(17))),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(
-      client->GetVectors(main_id_, std::vector<VectorCoord>(8, {0, 6, 0}))
-          .ok());
-  auto too_many_bytes =
-      client->GetVectors(main_id_, std::vector<VectorCoord>(9, {0, 6, 0}));
-  EXPECT_EQ(too_many_bytes.status().code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(too_many_bytes.status().message()).find("1024"),
-            std::string::npos)
-      << too_many_bytes.status();
-  EXPECT_EQ(
-      code(client->GetExample(main_id_, 0, 6)),  // 17 x 32 floats > 1024 bytes
-      absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(code(client->GetVectors("badbadbad", {{0, 6, 0}})),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(code(client->GetLabels(nolabels_id_, 0)),
-            absl::StatusCode::kNotFound);
-  auto bad_layer = client->GetVectors(main_id_, {{1, 6, 1}, {0, 99, 0}});
-  EXPECT_NE(std::string(bad_layer.status().message()).find("coordinates[1]"),
-            std::string::npos)
-      << bad_layer.status();
-  auto status = client->GetStatus();
-  ASSERT_TRUE(status.ok());
-  EXPECT_GE(status->calls_failed, 8u);
+  for (bool local : {true, false}) {
+    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+    ClientOptions options;
+    options.local_queries = local;
+    auto client = Connect(options);
+    ASSERT_NE(client, nullptr);
+    auto code = [](const auto& r) { return r.status().code(); };
+    EXPECT_EQ(code(client->GetVectors("0123456789abcdef", {{0, 6, 0}})),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(code(client->GetVectors(main_id_.substr(0, 4), {{0, 6, 0}})),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(code(client->GetVectors(main_id_, {{40, 6, 0}})),
+              absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 6, 17}})),
+              absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(code(client->GetVectors(main_id_, {{0, 7, 0}})),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(code(client->GetVectors(main_id_, std::vector<VectorCoord>(17))),
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(
+        client->GetVectors(main_id_, std::vector<VectorCoord>(8, {0, 6, 0}))
+            .ok());
+    auto too_many_bytes =
+        client->GetVectors(main_id_, std::vector<VectorCoord>(9, {0, 6, 0}));
+    EXPECT_EQ(too_many_bytes.status().code(),
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(std::string(too_many_bytes.status().message()).find("1024"),
+              std::string::npos)
+        << too_many_bytes.status();
+    EXPECT_EQ(code(client->GetExample(main_id_, 0,
+                                      6)),  // 17 x 32 floats > 1024 bytes
+              absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(code(client->GetVectors("badbadbad", {{0, 6, 0}})),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(code(client->GetLabels(nolabels_id_, 0)),
+              absl::StatusCode::kNotFound);
+    auto bad_layer = client->GetVectors(main_id_, {{1, 6, 1}, {0, 99, 0}});
+    EXPECT_NE(std::string(bad_layer.status().message()).find("coordinates[1]"),
+              std::string::npos)
+        << bad_layer.status();
+    auto status = client->GetStatus();
+    ASSERT_TRUE(status.ok());
+    EXPECT_GE(status->calls_failed, local ? 8u : 16u);
+  }
 }
 
 TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
   daemon_ = StartDaemon();
-  auto client = Connect();
-  ASSERT_NE(client, nullptr);
   const std::string shard =
       JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
   ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
-  auto r = client->GetVectors(main_id_, {{30, 6, 3}});
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
-  EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"),
-            std::string::npos);
-  // Shard 0 is intact and so is the daemon.
-  auto ok = client->GetVectors(main_id_, {{3, 6, 3}});
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->values[0], Expected(3, 1, 3, 0));
-  EXPECT_TRUE(client->GetVectors(nolabels_id_, {{0, 3, 0}}).ok());
+  for (bool local : {true, false}) {
+    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+    ClientOptions options;
+    options.local_queries = local;
+    auto client = Connect(options);
+    ASSERT_NE(client, nullptr);
+    auto r = client->GetVectors(main_id_, {{30, 6, 3}});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"),
+              std::string::npos);
+    // Shard 0 is intact and so is the daemon.
+    auto ok = client->GetVectors(main_id_, {{3, 6, 3}});
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->values[0], Expected(3, 1, 3, 0));
+    EXPECT_TRUE(client->GetVectors(nolabels_id_, {{0, 3, 0}}).ok());
+  }
 }
 
 TEST_F(DaemonTest, ConcurrentClientsAllGetCorrectVectors) {
@@ -580,6 +603,7 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
     SCOPED_TRACE(
         absl::StrCat("stream_vectors_from ", from, " session ", session));
     ClientOptions options;
+    options.local_queries = false;  // the gRPC methods under test
     options.stream_vectors_from = from;
     options.query_session = session;
     auto client = Client::Connect("unix:" + socket_, options);
@@ -619,7 +643,9 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
 // gets the generator's values, all of them on one VectorsSession call.
 TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
   daemon_ = StartDaemon();
-  auto client = Connect();
+  ClientOptions grpc_only;
+  grpc_only.local_queries = false;
+  auto client = Connect(grpc_only);
   ASSERT_NE(client, nullptr);
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
@@ -669,6 +695,7 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
 TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
   daemon_ = StartDaemon();
   ClientOptions options;
+  options.local_queries = false;
   options.query_calls_in_flight = 0;
   options.stream_vectors_from = 0;
   auto client = Client::Connect("unix:" + socket_, options);
@@ -698,26 +725,34 @@ TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// The daemon restarts under an open session: the session breaks, the
-// next calls open a new one and get the right values.
+// The daemon restarts under an open session (gRPC) and open local query
+// connections: they break, the next calls open new ones and get the right
+// values.
 TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
   daemon_ = StartDaemon();
-  auto client = Connect();
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->GetVectors(main_id_, {{2, 6, 3}}).ok());
+  ClientOptions grpc_only;
+  grpc_only.local_queries = false;
+  std::unique_ptr<Client> clients[] = {Connect(grpc_only), Connect()};
+  for (auto& client : clients) {
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->GetVectors(main_id_, {{2, 6, 3}}).ok());
+  }
   ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
   ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(10)), -1)
       << "an idle session kept the daemon from exiting";
   daemon_ = StartDaemon();
-  absl::StatusOr<VectorBlock> r;
-  for (int i = 0; i < 50; ++i) {
-    r = client->GetVectors(main_id_, {{5, -2, 7}});
-    if (r.ok()) break;
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (auto& client : clients) {
+    absl::StatusOr<VectorBlock> r;
+    for (int i = 0; i < 50; ++i) {
+      r = client->GetVectors(main_id_, {{5, -2, 7}});
+      if (r.ok()) break;
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable)
+          << r.status();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->values[9], Expected(5, 0, 7, 9));
   }
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->values[9], Expected(5, 0, 7, 9));
 }
 
 // A shard that turns out short while a streamed call's parts are going out:
@@ -726,6 +761,7 @@ TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
 TEST_F(DaemonTest, TruncatedShardEndsAStreamedCallWithDataLoss) {
   daemon_ = StartDaemon();
   ClientOptions options;
+  options.local_queries = false;
   options.stream_vectors_from = 1;
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -758,6 +794,7 @@ TEST_F(DaemonTest, TruncatedShardEndsAStreamedCallWithDataLoss) {
 TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
   daemon_ = StartDaemon();
   ClientOptions options;
+  options.local_queries = false;
   options.query_calls_in_flight = 1;
   options.stream_vectors_from = 8;  // combined calls of 8 or more stream
   auto client = Client::Connect("unix:" + socket_, options);
@@ -780,6 +817,7 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
 TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   daemon_ = StartDaemon({"--max-bytes-per-call", "1024"});
   ClientOptions options;
+  options.local_queries = false;
   options.query_calls_in_flight = 1;
   options.stream_vectors_from = 4;  // the limit applies to streamed calls
   auto client = Client::Connect("unix:" + socket_, options);
@@ -793,6 +831,300 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   auto status = (*client)->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_GT(status->calls_failed, 0u);
+}
+
+// Sixteen threads of one Client on the local query socket, a few vectors
+// per call and every tenth call with a bad coordinate, then one call larger
+// than the connection's first region: each gets the generator's values or
+// its own error, and no query goes through gRPC.
+TEST_F(DaemonTest, LocalQueriesAnswerThreadsWithoutGrpc) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const SharedCallsOutcome out =
+      RunThreadsOfOneClient(client.get(), main_id_, 16, 40, 5, true, &Expected);
+  EXPECT_EQ(out.wrong_rows, 0);
+  EXPECT_EQ(out.wrong_results, 0);
+  // 60,000 coordinates: 1.4 MB of them and 7.7 MB of vectors, more than
+  // the first region (1 MiB) holds; the client reconnects with a larger one.
+  std::vector<VectorCoord> coords;
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 60000; ++i) {
+    coords.push_back({static_cast<int64_t>(rng() % 40), rng() % 2 ? 6 : -2,
+                      static_cast<int64_t>(rng() % 17)});
+  }
+  auto block = client->GetVectors(main_id_, coords);
+  ASSERT_TRUE(block.ok()) << block.status();
+  ASSERT_EQ(block->shape, (std::vector<int64_t>{60000, 32}));
+  for (size_t i = 0; i < coords.size(); i += 7) {
+    ASSERT_EQ(block->values[i * 32 + 5],
+              Expected(coords[i].example, coords[i].layer == 6 ? 1 : 0,
+                       coords[i].token, 5))
+        << "coordinate " << i;
+  }
+  const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
+  EXPECT_EQ(log.find("call /shardcast.v1.Query/"), std::string::npos);
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GE(status->calls_total, 16u * 40u + 1u);
+}
+
+TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
+  daemon_ = StartDaemon({"--disable-local-queries"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  struct stat st;
+  EXPECT_NE(::stat((socket_ + ".query").c_str(), &st), 0);
+  auto r = client->GetVectors(main_id_, {{4, 6, 2}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[3], Expected(4, 1, 2, 3));
+  EXPECT_NE(ReadAll(JoinPath(dir_, "daemon.log"))
+                .find("call /shardcast.v1.Query/VectorsSession"),
+            std::string::npos);
+}
+
+// A raw connection to the local query socket (common/query_protocol.h), to
+// send what the client library never would.
+class RawQueryConnection {
+ public:
+  explicit RawQueryConnection(const std::string& path) {
+    fd_.Reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    struct sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    connected_ = ::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr),
+                           sizeof(addr)) == 0;
+    struct timeval tv = {10, 0};  // a reply that never comes fails the test
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  bool connected() const { return connected_; }
+  // A memfd of `bytes`, sealed against shrinking when `sealed`, mapped here.
+  void MakeRegion(uint64_t bytes, bool sealed) {
+    memfd_.Reset(
+        ::memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_TRUE(memfd_.valid());
+    ASSERT_EQ(::ftruncate(memfd_.get(), static_cast<off_t>(bytes)), 0);
+    if (sealed) {
+      ASSERT_EQ(::fcntl(memfd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW),
+                0);
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     memfd_.get(), 0);
+    ASSERT_NE(p, MAP_FAILED);
+    base_ = static_cast<char*>(p);
+    bytes_ = bytes;
+  }
+  ~RawQueryConnection() {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+  }
+  // Sends `message`, with the region's memfd when `with_fd`.
+  bool Send(const std::string& message, bool with_fd = false) {
+    return SendWithDescriptor(fd_.get(), message, with_fd ? memfd_.get() : -1)
+        .ok();
+  }
+  // The next message; "" when the daemon closed the connection.
+  std::string Receive() {
+    char buf[8192];
+    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
+  local_query::HelloReply Hello(uint64_t region_bytes, bool with_fd = true) {
+    local_query::Hello hello;
+    hello.region_bytes = region_bytes;
+    EXPECT_TRUE(Send(hello.Encode(), with_fd));
+    local_query::HelloReply reply;
+    EXPECT_TRUE(reply.Decode(Receive()));
+    return reply;
+  }
+  // Writes `coords` at `coords_offset` and asks for them at `out_offset`.
+  local_query::Reply Ask(const std::string& dataset,
+                         const std::vector<VectorCoord>& coords,
+                         uint64_t coords_offset, uint64_t out_offset,
+                         uint64_t count) {
+    // (Those that fit: a request may point past the region's end.)
+    for (size_t i = 0; i < coords.size(); ++i) {
+      const int64_t v[3] = {coords[i].example, coords[i].layer,
+                            coords[i].token};
+      if (coords_offset + (i + 1) * sizeof(v) > bytes_) break;
+      std::memcpy(base_ + coords_offset + i * sizeof(v), v, sizeof(v));
+    }
+    local_query::Request request;
+    request.id = ++id_;
+    request.count = count;
+    request.coords_offset = coords_offset;
+    request.out_offset = out_offset;
+    request.dataset = dataset;
+    EXPECT_TRUE(Send(request.Encode()));
+    local_query::Reply reply;
+    const std::string bytes = Receive();
+    if (!reply.Decode(bytes)) reply.code = 999;  // no reply: fails checks
+    EXPECT_TRUE(bytes.empty() || reply.id == request.id);
+    return reply;
+  }
+  const char* base() const { return base_; }
+
+ private:
+  UniqueFd fd_, memfd_;
+  bool connected_ = false;
+  char* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t id_ = 0;
+};
+
+// What the client library never sends gets a clear error on the local query
+// socket, the daemon keeps serving, and it only ever writes into a sealed
+// region at the offsets asked for.
+TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
+  daemon_ = StartDaemon();
+  ASSERT_NE(Connect(), nullptr);  // the daemon is up
+  const std::string path = socket_ + ".query";
+  const auto code = [](uint32_t c) { return static_cast<absl::StatusCode>(c); };
+  const auto has = [](const std::string& text, const char* part) {
+    return text.find(part) != std::string::npos;
+  };
+  {
+    SCOPED_TRACE("a hello without the region's descriptor");
+    RawQueryConnection c(path);
+    ASSERT_TRUE(c.connected());
+    c.MakeRegion(1 << 16, true);
+    auto reply = c.Hello(1 << 16, /*with_fd=*/false);
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message, "descriptor")) << reply.message;
+    EXPECT_EQ(c.Receive(), "");  // and the connection is closed
+  }
+  {
+    SCOPED_TRACE("a region that may shrink");
+    RawQueryConnection c(path);
+    c.MakeRegion(1 << 16, /*sealed=*/false);
+    auto reply = c.Hello(1 << 16);
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message, "F_SEAL_SHRINK")) << reply.message;
+  }
+  {
+    SCOPED_TRACE("a hello claiming more than the memfd has");
+    RawQueryConnection c(path);
+    c.MakeRegion(1 << 16, true);
+    auto reply = c.Hello(1 << 20);
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message, "smaller")) << reply.message;
+  }
+  {
+    SCOPED_TRACE("not a hello");
+    RawQueryConnection c(path);
+    ASSERT_TRUE(c.Send("GET / HTTP/1.1\r\n\r\n"));
+    local_query::HelloReply reply;
+    ASSERT_TRUE(reply.Decode(c.Receive()));
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message, "not a shardcast query hello"))
+        << reply.message;
+  }
+  RawQueryConnection c(path);
+  constexpr uint64_t kRegion = 1 << 16;  // 64 KiB
+  c.MakeRegion(kRegion, true);
+  ASSERT_EQ(c.Hello(kRegion).code, 0u);
+  const std::vector<VectorCoord> two = {{3, 6, 5}, {39, -2, 16}};
+  struct Case {
+    const char* what;
+    uint64_t coords_offset, out_offset, count;
+    absl::StatusCode want;
+    const char* says;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"coordinates past the region's end", kRegion - 24, 4096, 2,
+            absl::StatusCode::kInvalidArgument, "do not lie in the region"},
+           {"a count whose bytes overflow", 0, 4096, uint64_t{1} << 62,
+            absl::StatusCode::kInvalidArgument, "do not lie in the region"},
+           {"an unaligned output", 0, 4097, 2,
+            absl::StatusCode::kInvalidArgument, "not a multiple of 4096"},
+           {"vectors that do not fit", 0, kRegion - 4096, 33,
+            absl::StatusCode::kResourceExhausted, "need a region of"}}) {
+    SCOPED_TRACE(k.what);
+    std::vector<VectorCoord> coords(33, VectorCoord{1, 6, 1});
+    auto reply =
+        c.Ask(main_id_, coords, k.coords_offset, k.out_offset, k.count);
+    EXPECT_EQ(code(reply.code), k.want) << reply.message;
+    EXPECT_TRUE(has(reply.message, k.says)) << reply.message;
+    if (k.want == absl::StatusCode::kResourceExhausted) {
+      // 33 vectors of 32 floats after the output offset.
+      EXPECT_EQ(reply.need_region_bytes, kRegion - 4096 + 33 * 128);
+    }
+  }
+  {
+    SCOPED_TRACE("an unknown operation");
+    local_query::Request request;
+    request.op = static_cast<local_query::Op>(77);
+    request.id = 1000;
+    request.dataset = main_id_;
+    ASSERT_TRUE(c.Send(request.Encode()));
+    local_query::Reply reply;
+    ASSERT_TRUE(reply.Decode(c.Receive()));
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kUnimplemented);
+  }
+  {
+    SCOPED_TRACE("a bad coordinate and an unknown dataset");
+    auto reply = c.Ask(main_id_, {{3, 6, 5}, {3, 6, 17}}, 0, 4096, 2);
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kOutOfRange);
+    EXPECT_TRUE(has(reply.message, "coordinates[1]")) << reply.message;
+    reply = c.Ask("0123456789abcdef", two, 0, 4096, 2);
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kNotFound);
+  }
+  {
+    SCOPED_TRACE("after all that, the same connection is served");
+    std::vector<char> before(c.base(), c.base() + kRegion);
+    auto reply = c.Ask(main_id_, two, 128, 8192, 2);
+    ASSERT_EQ(reply.code, 0u) << reply.message;
+    EXPECT_EQ(reply.rows, 2u);
+    EXPECT_EQ(reply.d_model, 32u);
+    for (int64_t k = 0; k < 32; ++k) {
+      float v[2];
+      std::memcpy(&v[0], c.base() + 8192 + k * 4, 4);
+      std::memcpy(&v[1], c.base() + 8192 + 128 + k * 4, 4);
+      EXPECT_EQ(v[0], Expected(3, 1, 5, k));
+      EXPECT_EQ(v[1], Expected(39, 0, 16, k));
+    }
+    // Nothing changed but the two vectors (at 8192) and the coordinates
+    // the test wrote (at 128).
+    for (uint64_t i = 0; i < kRegion; ++i) {
+      if ((i >= 8192 && i < 8192 + 256) || (i >= 128 && i < 128 + 48)) {
+        continue;
+      }
+      ASSERT_EQ(c.base()[i], before[i]) << "byte " << i;
+    }
+  }
+  {
+    SCOPED_TRACE("a request carrying a descriptor ends the connection");
+    local_query::Request request;
+    request.dataset = main_id_;
+    ASSERT_TRUE(c.Send(request.Encode(), /*with_fd=*/true));
+    local_query::Reply reply;
+    ASSERT_TRUE(reply.Decode(c.Receive()));
+    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Receive(), "");
+  }
+  {
+    SCOPED_TRACE("clients that leave in the middle of a call");
+    for (int i = 0; i < 20; ++i) {
+      RawQueryConnection gone(path);
+      gone.MakeRegion(1 << 20, true);
+      ASSERT_EQ(gone.Hello(1 << 20).code, 0u);
+      std::vector<VectorCoord> many(2000, VectorCoord{7, 6, 1});
+      for (size_t j = 0; j < many.size(); ++j) {
+        const int64_t v[3] = {static_cast<int64_t>(j % 40), 6,
+                              static_cast<int64_t>(j % 17)};
+        std::memcpy(const_cast<char*>(gone.base()) + j * 24, v, sizeof(v));
+      }
+      local_query::Request request;
+      request.count = 2000;
+      request.out_offset = 49152;
+      request.dataset = main_id_;
+      ASSERT_TRUE(gone.Send(request.Encode()));
+    }  // closed with the call in service
+  }
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  auto r = client->GetVectors(main_id_, {{6, -2, 4}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[30], Expected(6, 0, 4, 30));
 }
 
 TEST_F(DaemonTest, SighupRescansTheRoots) {

@@ -37,9 +37,10 @@ MIB = 1 << 20
 # Every key a shardcastd config file may hold (server/options.cc, Table()).
 # The daemon itself is the final judge: test_configmap_config_starts_the_daemon.
 DAEMON_CONFIG_KEYS = {
-    "roots", "listen", "socket_group", "disable_shared_memory", "listen_tcp", "tls_cert",
+    "roots", "listen", "socket_group", "disable_shared_memory", "disable_local_queries",
+    "listen_tcp", "tls_cert",
     "tls_key", "tls_client_ca", "token_key_file", "max_connections", "allow_users",
-    "allow_groups", "insecure_tcp", "http", "query_threads", "max_vectors_per_call",
+    "allow_groups", "insecure_tcp", "http", "query_threads", "local_query_spin_us", "max_vectors_per_call",
     "max_bytes_per_call", "shutdown_grace_seconds", "log_level", "log_format",
     "reservoir_bytes", "block_bytes", "shuffle_window", "lag_blocks", "queue_depth",
     "read_bytes", "read_mode", "register_buffers", "prefault", "scan_start_delay_ms",

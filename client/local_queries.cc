@@ -1,0 +1,255 @@
+#include "client/local_queries.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "common/query_protocol.h"
+#include "common/status.h"
+#include "common/unix_socket.h"
+
+namespace shardcast {
+namespace internal_client {
+namespace {
+
+namespace lq = local_query;
+
+// The first region of a connection: 256 vectors of d_model 1024 and their
+// coordinates. Its pages are only touched as calls use them.
+constexpr uint64_t kFirstRegionBytes = (1 << 20) + 2 * lq::kOutAlign;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// The longest message the daemon sends: a reply and its error message.
+constexpr size_t kMaxReplyBytes = 16 * 1024;
+
+// Receives one message (blocking) into `buf`; the error when the connection
+// broke or the daemon closed it. (Not a std::string: zeroing its bytes
+// first was a fifth of the client's time per call.)
+absl::StatusOr<absl::string_view> Receive(int fd, char (&buf)[kMaxReplyBytes]) {
+  ssize_t n;
+  do {
+    n = ::recv(fd, buf, sizeof(buf), MSG_TRUNC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return ErrnoToStatus(errno, "the local query socket");
+  if (n == 0) {
+    return absl::UnavailableError("the daemon closed the local query socket");
+  }
+  if (static_cast<size_t>(n) > sizeof(buf)) {
+    return absl::DataLossError(absl::StrCat("a local query reply of ", n,
+                                            " bytes; at most ", sizeof(buf),
+                                            " expected"));
+  }
+  return absl::string_view(buf, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+struct LocalQueries::Conn {
+  UniqueFd fd;
+  char* base = nullptr;
+  uint64_t bytes = 0;
+  uint64_t next_id = 1;
+  ~Conn() {
+    if (base != nullptr) ::munmap(base, bytes);
+  }
+};
+
+LocalQueries::LocalQueries(std::string path, int timeout_seconds)
+    : path_(std::move(path)), timeout_seconds_(timeout_seconds) {}
+
+std::unique_ptr<LocalQueries> LocalQueries::Open(const std::string& path,
+                                                 int timeout_seconds) {
+  std::unique_ptr<LocalQueries> q(new LocalQueries(path, timeout_seconds));
+  absl::StatusOr<std::unique_ptr<Conn>> c = q->Connect(kFirstRegionBytes);
+  if (!c.ok()) return nullptr;
+  MutexLock lock(&q->mu_);
+  q->idle_.push_back(std::move(*c));
+  return q;
+}
+
+LocalQueries::~LocalQueries() = default;
+
+int64_t LocalQueries::connections_made() const {
+  MutexLock lock(&mu_);
+  return made_;
+}
+
+absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
+    uint64_t region_bytes) {
+  auto c = std::make_unique<Conn>();
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path ", path_, " is too long"));
+  }
+  std::memcpy(addr.sun_path, path_.data(), path_.size());
+  c->fd.Reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!c->fd.valid()) return ErrnoToStatus(errno, "socket");
+  if (::connect(c->fd.get(), reinterpret_cast<sockaddr*>(&addr),
+                sizeof(addr)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("connect to ", path_));
+  }
+  region_bytes = RoundUp(region_bytes, lq::kOutAlign);
+  // The daemon maps only regions that cannot shrink under its writes.
+  ASSIGN_OR_RETURN(UniqueFd memfd, SealedMemfd("shardcast-queries",
+                                               region_bytes, "query region"));
+  void* p = ::mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   memfd.get(), 0);
+  if (p == MAP_FAILED) return ErrnoToStatus(errno, "map the query region");
+  c->base = static_cast<char*>(p);
+  c->bytes = region_bytes;
+  // The hello's reply is waited for at most timeout_seconds.
+  struct timeval tv = {timeout_seconds_, 0};
+  ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  lq::Hello hello;
+  hello.region_bytes = region_bytes;
+  RETURN_IF_ERROR(SendWithDescriptor(c->fd.get(), hello.Encode(), memfd.get()));
+  char buf[kMaxReplyBytes];
+  ASSIGN_OR_RETURN(absl::string_view bytes, Receive(c->fd.get(), buf));
+  lq::HelloReply reply;
+  if (!reply.Decode(bytes)) {
+    return absl::DataLossError("not a local query hello reply");
+  }
+  if (reply.code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code),
+                        reply.message);
+  }
+  tv = {0, 0};  // calls may take as long as their reads
+  ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  MutexLock lock(&mu_);
+  max_region_bytes_ = reply.max_region_bytes;
+  ++made_;
+  return c;
+}
+
+absl::StatusOr<VectorBlock> LocalQueries::Call(
+    Conn& c, const std::string& dataset, const std::vector<VectorCoord>& coords,
+    uint64_t* need) {
+  *need = 0;
+  const uint64_t n = coords.size();
+  const uint64_t coords_bytes = n * lq::kCoordBytes;
+  const uint64_t out_offset = RoundUp(coords_bytes, lq::kOutAlign);
+  if (out_offset >= c.bytes) {
+    *need = out_offset + lq::kOutAlign;
+    return absl::ResourceExhaustedError("the coordinates need a larger region");
+  }
+  char* p = c.base;
+  for (const VectorCoord& v : coords) {
+    const int64_t triple[3] = {v.example, v.layer, v.token};
+    std::memcpy(p, triple, sizeof(triple));
+    p += sizeof(triple);
+  }
+  lq::Request request;
+  request.id = c.next_id++;
+  request.count = n;
+  request.coords_offset = 0;
+  request.out_offset = out_offset;
+  request.dataset = dataset;
+  if (request.dataset.size() > lq::kMaxDatasetBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a dataset name of ", request.dataset.size(),
+                     " bytes; at most ", lq::kMaxDatasetBytes));
+  }
+  absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
+  if (!sent.ok()) return absl::UnavailableError(sent.message());
+  char buf[kMaxReplyBytes];
+  absl::StatusOr<absl::string_view> bytes = Receive(c.fd.get(), buf);
+  if (!bytes.ok()) {
+    return absl::IsDataLoss(bytes.status())
+               ? bytes.status()
+               : absl::UnavailableError(bytes.status().message());
+  }
+  lq::Reply reply;
+  if (!reply.Decode(*bytes) || reply.id != request.id) {
+    return absl::DataLossError(
+        "the daemon's local query reply does not answer the request");
+  }
+  if (reply.code != 0) {
+    *need = reply.need_region_bytes;
+    return absl::Status(static_cast<absl::StatusCode>(reply.code),
+                        reply.message);
+  }
+  if (reply.rows != n || reply.d_model == 0 ||
+      reply.d_model >
+          (c.bytes - out_offset) / sizeof(float) / std::max<uint64_t>(n, 1)) {
+    return absl::DataLossError(
+        absl::StrCat("the daemon's local query reply has ", reply.rows, " x ",
+                     reply.d_model, " vectors for ", n, " coordinates"));
+  }
+  const uint64_t floats = n * reply.d_model;
+  std::shared_ptr<float[]> values(new float[std::max<uint64_t>(floats, 1)]);
+  std::memcpy(values.get(), c.base + out_offset, floats * sizeof(float));
+  VectorBlock block;
+  block.shape = {static_cast<int64_t>(n), static_cast<int64_t>(reply.d_model)};
+  block.values = absl::Span<const float>(values.get(), floats);
+  block.storage = std::move(values);
+  return block;
+}
+
+std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
+    const std::string& dataset, const std::vector<VectorCoord>& coords) {
+  std::unique_ptr<Conn> c;
+  {
+    MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      c = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  // A new connection when none is free, a broken one is replaced once, and
+  // a region too small is replaced by a larger one (for the coordinates,
+  // then for the vectors, whose size only the daemon knows).
+  bool replaced = false;
+  int growths = 0;
+  while (true) {
+    if (c == nullptr) {
+      absl::StatusOr<std::unique_ptr<Conn>> made = Connect(kFirstRegionBytes);
+      if (!made.ok()) return std::nullopt;
+      c = std::move(*made);
+    }
+    uint64_t need = 0;
+    absl::StatusOr<VectorBlock> block = Call(*c, dataset, coords, &need);
+    if (absl::IsDataLoss(block.status())) return block;  // out of step: drop c
+    if (block.ok() || (need == 0 && !absl::IsUnavailable(block.status()))) {
+      MutexLock lock(&mu_);
+      idle_.push_back(std::move(c));
+      return block;
+    }
+    if (need > 0) {
+      uint64_t max_bytes;
+      {
+        MutexLock lock(&mu_);
+        max_bytes = max_region_bytes_;
+      }
+      if (growths == 2 || need <= c->bytes || need > max_bytes) {
+        MutexLock lock(&mu_);
+        idle_.push_back(std::move(c));
+        return block;  // the daemon's RESOURCE_EXHAUSTED
+      }
+      ++growths;
+      absl::StatusOr<std::unique_ptr<Conn>> made =
+          Connect(std::min(max_bytes, std::max(need, 2 * c->bytes)));
+      if (!made.ok()) return std::nullopt;
+      c = std::move(*made);
+      continue;
+    }
+    // The connection broke (the daemon restarted?): one new try.
+    c.reset();
+    if (replaced) return std::nullopt;
+    replaced = true;
+  }
+}
+
+}  // namespace internal_client
+}  // namespace shardcast

@@ -1,0 +1,557 @@
+#include "server/transport/local_query_service.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/query_protocol.h"
+#include "common/status.h"
+#include "common/unix_socket.h"
+#include "server/io/uring.h"
+#include "server/transport/address.h"
+
+namespace shardcast {
+namespace {
+
+namespace lq = local_query;
+
+// Completion tags. A connection's are (id << 32) | sub, ids from 1: sub 0
+// is its poll, sub i + 1 the read of its request's vector i.
+constexpr uint64_t kStopTag = 0;
+constexpr uint64_t kListenTag = 1;
+constexpr uint64_t Tag(uint32_t id, uint64_t sub) {
+  return (static_cast<uint64_t>(id) << 32) | sub;
+}
+
+// One client connection and the request it is being served.
+struct Conn {
+  uint32_t id = 0;
+  UniqueFd fd;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  absl::Status refusal;  // not OK: the answer to its hello
+  char* base = nullptr;  // the client's region, once it said hello
+  uint64_t bytes = 0;
+  // The request in service (busy) and its reads.
+  bool busy = false;
+  lq::Reply reply;
+  absl::Status error;  // the first read failure
+  std::vector<ReadOp> ops;
+  std::vector<size_t> done;  // bytes in place, per op
+  size_t remaining = 0;      // ops not done
+  size_t in_flight = 0;      // ops submitted, not completed
+  uint64_t direct_bytes = 0;
+
+  Conn() = default;
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  ~Conn() {
+    if (base != nullptr) ::munmap(base, bytes);
+  }
+};
+
+// Sends one message without blocking; false when the socket cannot take it.
+bool SendMessage(int fd, const std::string& bytes) {
+  return SendWithDescriptor(fd, bytes, -1, MSG_DONTWAIT).ok();
+}
+
+// `a + b <= limit` without overflow.
+bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
+  return a <= limit && b <= limit - a;
+}
+
+}  // namespace
+
+class LocalQueryService::Loop {
+ public:
+  Loop(const LocalQueryOptions& options, const QueryEngine* queries,
+       Metrics* metrics, UringRing ring, UniqueFd listen_fd, int stop_fd,
+       std::atomic<int64_t>* connections)
+      : options_(options),
+        queries_(queries),
+        metrics_(metrics),
+        ring_(std::move(ring)),
+        listen_fd_(std::move(listen_fd)),
+        stop_fd_(stop_fd),
+        connections_(connections) {}
+
+  void Run();
+
+ private:
+  // Queues a submission, flushing the queue to the kernel when it is full.
+  template <typename F>
+  void Queue(F prepare) {
+    while (!prepare()) ring_.SubmitAndWait(0);
+  }
+  void ArmPoll(Conn& c) {
+    Queue([&] { return ring_.PreparePoll(c.fd.get(), POLLIN, Tag(c.id, 0)); });
+  }
+  void Accept();
+  void OnPoll(Conn& c, int res);
+  void OnHello(Conn& c, absl::string_view message, int region_fd);
+  void OnRequest(Conn& c, absl::string_view message);
+  absl::Status Plan(Conn& c, const lq::Request& request);
+  void SubmitRead(Conn& c, size_t i);
+  void OnRead(Conn& c, size_t i, int res);
+  // Sends the reply of c's request and waits for its next one.
+  void Finish(Conn& c);
+  void Close(Conn& c);
+  void StartWaitingReads();
+
+  const LocalQueryOptions& options_;
+  const QueryEngine* const queries_;
+  Metrics* const metrics_;
+  UringRing ring_;
+  UniqueFd listen_fd_;
+  const int stop_fd_;
+  std::atomic<int64_t>* const connections_;
+  const int64_t spin_ns_ = int64_t{options_.spin_us} * 1000;
+  bool stopping_ = false;
+  int busy_ = 0;  // connections with a request in service
+  uint32_t next_id_ = 1;
+  std::map<uint32_t, std::unique_ptr<Conn>> conns_;
+  unsigned reads_in_flight_ = 0;
+  // Reads that found queue_depth reads in flight: (connection id, op).
+  std::deque<std::pair<uint32_t, size_t>> waiting_;
+};
+
+void LocalQueryService::Loop::Run() {
+  Queue([&] { return ring_.PreparePoll(stop_fd_, POLLIN, kStopTag); });
+  Queue(
+      [&] { return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag); });
+  std::vector<std::pair<uint64_t, int>> events;
+  // Once stopping, only the reads in flight are waited for: they write into
+  // regions that are unmapped when their connections go.
+  while (!stopping_ || reads_in_flight_ > 0) {
+    // With several calls in service, a short spin before sleeping: see
+    // LocalQueryOptions::spin_us.
+    if (spin_ns_ > 0 && busy_ >= 2 && reads_in_flight_ > 0) {
+      const int64_t until = absl::GetCurrentTimeNanos() + spin_ns_;
+      while (ring_.SubmitAndPeek() == 0 &&
+             absl::GetCurrentTimeNanos() < until) {
+      }
+    }
+    const int rc = ring_.SubmitAndWait(1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      LogError("local queries: io_uring: ", std::strerror(-rc));
+      if (reads_in_flight_ == 0) break;
+      continue;
+    }
+    events.clear();
+    ring_.ForEachCompletion(
+        [&](uint64_t tag, int res) { events.emplace_back(tag, res); });
+    for (const auto& [tag, res] : events) {
+      if (tag == kStopTag) {
+        stopping_ = true;
+        waiting_.clear();
+        continue;
+      }
+      if (tag == kListenTag) {
+        if (stopping_) continue;
+        Accept();
+        Queue([&] {
+          return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag);
+        });
+        continue;
+      }
+      auto it = conns_.find(static_cast<uint32_t>(tag >> 32));
+      if (it == conns_.end()) continue;  // a poll of a closed connection
+      Conn& c = *it->second;
+      const uint64_t sub = tag & 0xffffffffu;
+      if (sub == 0) {
+        if (!stopping_) OnPoll(c, res);
+      } else {
+        --reads_in_flight_;
+        OnRead(c, static_cast<size_t>(sub - 1), res);
+      }
+    }
+    if (!stopping_) StartWaitingReads();
+  }
+  // Every read has completed: the regions can go (with conns_).
+}
+
+void LocalQueryService::Loop::Accept() {
+  while (true) {
+    const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors: the listener stays readable; back off instead
+        // of spinning (closing connections free some).
+        LogWarning("local queries: accept: ", std::strerror(errno));
+        ::poll(nullptr, 0, 100);
+      }
+      return;  // EAGAIN: no more waiting
+    }
+    auto c = std::make_unique<Conn>();
+    c->fd.Reset(fd);
+    struct ucred cred = {};
+    socklen_t len = sizeof(cred);
+    const bool known =
+        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    c->pid = cred.pid;
+    c->uid = cred.uid;
+    if (options_.admits && !(known && options_.admits(cred.uid, cred.gid))) {
+      // Answered when its hello comes: closing now would lose the reason.
+      c->refusal = absl::PermissionDeniedError(
+          "this user may not use shardcastd: not in --allow-user / "
+          "--allow-group");
+    } else if (static_cast<int>(conns_.size()) >= options_.max_connections) {
+      lq::HelloReply reply;
+      reply.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
+      reply.message = absl::StrCat(
+          "the daemon has ", conns_.size(),
+          " local query connections open, its limit; try again later");
+      SendMessage(fd, reply.Encode());
+      continue;  // c closes the descriptor
+    }
+    c->id = next_id_++;
+    if (next_id_ == 0) next_id_ = 1;
+    ArmPoll(*c);
+    conns_[c->id] = std::move(c);
+    connections_->store(static_cast<int64_t>(conns_.size()));
+  }
+}
+
+void LocalQueryService::Loop::OnPoll(Conn& c, int res) {
+  if (res < 0) {
+    Close(c);
+    return;
+  }
+  // One message, and the descriptor a hello carries.
+  char buf[lq::kRequestBytes + lq::kMaxDatasetBytes + 1];
+  struct iovec iov = {buf, sizeof(buf)};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    ArmPoll(c);
+    return;
+  }
+  if (n <= 0) {  // the client went (EOF) or the socket failed
+    Close(c);
+    return;
+  }
+  // Take every descriptor it sent, so none is left open here.
+  std::vector<UniqueFd> fds;
+  for (struct cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr;
+       h = CMSG_NXTHDR(&msg, h)) {
+    if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  const absl::string_view message(buf, static_cast<size_t>(n));
+  const bool truncated = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  if (c.base == nullptr) {
+    OnHello(c, truncated ? absl::string_view() : message,
+            fds.size() == 1 ? fds[0].get() : -1);
+    return;
+  }
+  if (truncated || !fds.empty()) {
+    lq::Reply reply;
+    reply.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
+    reply.message = truncated ? "a request longer than the protocol allows "
+                                "(common/query_protocol.h)"
+                              : "a request may not carry descriptors";
+    SendMessage(c.fd.get(), reply.Encode());
+    Close(c);
+    return;
+  }
+  OnRequest(c, message);
+}
+
+void LocalQueryService::Loop::OnHello(Conn& c, absl::string_view message,
+                                      int region_fd) {
+  lq::Hello hello;
+  absl::Status status = c.refusal;
+  if (status.ok() && !hello.Decode(message)) {
+    status = absl::InvalidArgumentError(
+        "not a shardcast query hello (see common/query_protocol.h)");
+  }
+  if (status.ok() && hello.version != 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "query protocol version ", hello.version, "; this daemon speaks 1"));
+  }
+  if (status.ok() && region_fd < 0) {
+    status = absl::InvalidArgumentError(
+        "the hello must carry exactly one descriptor: the region's memfd");
+  }
+  if (status.ok() && (hello.region_bytes < lq::kOutAlign ||
+                      hello.region_bytes > options_.max_region_bytes)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("a region of ", hello.region_bytes, " bytes is not in [",
+                     lq::kOutAlign, ", ", options_.max_region_bytes, "]"));
+  }
+  if (status.ok()) {
+    // Sealed against shrinking, or the client could make our writes fault.
+    const int seals = ::fcntl(region_fd, F_GET_SEALS);
+    struct stat st;
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+      status = absl::InvalidArgumentError(
+          "the region must be a memfd sealed with F_SEAL_SHRINK");
+    } else if (::fstat(region_fd, &st) != 0 ||
+               static_cast<uint64_t>(st.st_size) < hello.region_bytes) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("the region's memfd is smaller than the ",
+                       hello.region_bytes, " bytes its hello says"));
+    }
+  }
+  if (status.ok()) {
+    void* p = ::mmap(nullptr, hello.region_bytes, PROT_READ | PROT_WRITE,
+                     MAP_SHARED, region_fd, 0);
+    if (p == MAP_FAILED) {
+      status = ErrnoToStatus(errno, "map the client's region");
+    } else {
+      c.base = static_cast<char*>(p);
+      c.bytes = hello.region_bytes;
+    }
+  }
+  lq::HelloReply reply;
+  reply.max_region_bytes = options_.max_region_bytes;
+  if (!status.ok()) {
+    reply.code = static_cast<uint32_t>(status.code());
+    reply.message = std::string(status.message());
+    LogInfo("local queries: refused pid ", c.pid, ": ", status.ToString());
+    SendMessage(c.fd.get(), reply.Encode());
+    Close(c);
+    return;
+  }
+  if (!SendMessage(c.fd.get(), reply.Encode())) {
+    Close(c);
+    return;
+  }
+  LogDebug("local queries: pid ", c.pid, " (uid ", c.uid, ") with a region of ",
+           c.bytes, " bytes");
+  ArmPoll(c);
+}
+
+void LocalQueryService::Loop::OnRequest(Conn& c, absl::string_view message) {
+  lq::Request request;
+  if (!request.Decode(message)) {
+    lq::Reply reply;
+    reply.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument);
+    reply.message =
+        "not a shardcast query request (see common/query_protocol.h)";
+    SendMessage(c.fd.get(), reply.Encode());
+    Close(c);
+    return;
+  }
+  metrics_->calls_total++;
+  metrics_->calls_in_flight++;
+  metrics_->queries_local++;
+  c.busy = true;
+  ++busy_;
+  c.reply = lq::Reply();
+  c.reply.id = request.id;
+  c.error = absl::OkStatus();
+  c.direct_bytes = 0;
+  c.error = Plan(c, request);
+  if (!c.error.ok() || c.remaining == 0) {
+    Finish(c);
+    return;
+  }
+  for (size_t i = 0; i < c.ops.size(); ++i) {
+    if (c.done[i] < c.ops[i].length) SubmitRead(c, i);
+  }
+}
+
+absl::Status LocalQueryService::Loop::Plan(Conn& c,
+                                           const lq::Request& request) {
+  c.ops.clear();
+  c.done.clear();
+  c.remaining = 0;
+  if (request.op != lq::Op::kVectors) {
+    return absl::UnimplementedError(absl::StrCat(
+        "unknown query operation ", static_cast<uint32_t>(request.op)));
+  }
+  // The coordinates, copied out of the region before they are checked (the
+  // client may change the region meanwhile).
+  if (request.count > c.bytes / lq::kCoordBytes ||
+      !FitsIn(request.coords_offset, request.count * lq::kCoordBytes,
+              c.bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.count, " coordinates at offset ", request.coords_offset,
+        " do not lie in the region of ", c.bytes, " bytes"));
+  }
+  std::vector<Coord> coords(request.count);
+  const char* p = c.base + request.coords_offset;
+  for (Coord& coord : coords) {
+    int64_t v[3];
+    std::memcpy(v, p, sizeof(v));
+    p += sizeof(v);
+    coord = Coord{v[0], v[1], v[2]};
+  }
+  if (request.out_offset % lq::kOutAlign != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the vectors' offset ", request.out_offset,
+                     " in the region is not a multiple of ", lq::kOutAlign));
+  }
+  absl::StatusOr<std::vector<int64_t>> shape = queries_->PlanVectorReads(
+      request.dataset, coords, ColdReads::kDirect,
+      [&](uint64_t bytes) -> absl::StatusOr<char*> {
+        if (!FitsIn(request.out_offset, bytes, c.bytes)) {
+          c.reply.need_region_bytes = request.out_offset + bytes;
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the vectors need a region of ", c.reply.need_region_bytes,
+              " bytes; this one has ", c.bytes));
+        }
+        return c.base + request.out_offset;
+      },
+      &c.ops, &c.direct_bytes);
+  if (!shape.ok()) return shape.status();
+  c.reply.rows = static_cast<uint64_t>((*shape)[0]);
+  c.reply.d_model = static_cast<uint64_t>((*shape)[1]);
+  c.done.assign(c.ops.size(), 0);
+  for (const ReadOp& op : c.ops) c.remaining += op.length > 0 ? 1 : 0;
+  return absl::OkStatus();
+}
+
+void LocalQueryService::Loop::SubmitRead(Conn& c, size_t i) {
+  if (reads_in_flight_ >= options_.queue_depth) {
+    waiting_.emplace_back(c.id, i);
+    ++c.in_flight;  // counted as in flight: the request waits for it
+    return;
+  }
+  Queue(
+      [&] { return ring_.PrepareRead(c.ops[i], c.done[i], Tag(c.id, i + 1)); });
+  ++reads_in_flight_;
+  ++c.in_flight;
+}
+
+void LocalQueryService::Loop::StartWaitingReads() {
+  while (!waiting_.empty() && reads_in_flight_ < options_.queue_depth) {
+    const auto [id, i] = waiting_.front();
+    waiting_.pop_front();
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    Conn& c = *it->second;
+    --c.in_flight;
+    if (!c.error.ok()) {  // the request already failed: skip the rest
+      if (c.in_flight == 0) Finish(c);
+      continue;
+    }
+    SubmitRead(c, i);
+  }
+}
+
+void LocalQueryService::Loop::OnRead(Conn& c, size_t i, int res) {
+  --c.in_flight;
+  if (i < c.ops.size() && c.error.ok()) {
+    absl::Status error;
+    switch (ApplyReadResult(c.ops[i], res, &c.done[i], &error)) {
+      case ReadStep::kDone:
+        --c.remaining;
+        break;
+      case ReadStep::kContinue:
+        if (!stopping_) {
+          SubmitRead(c, i);
+        } else {
+          c.error = absl::UnavailableError("the daemon is shutting down");
+        }
+        break;
+      case ReadStep::kFailed:
+        c.error = error;
+        break;
+    }
+  }
+  if (c.in_flight == 0 && (c.remaining == 0 || !c.error.ok())) Finish(c);
+}
+
+void LocalQueryService::Loop::Finish(Conn& c) {
+  c.busy = false;
+  --busy_;
+  metrics_->calls_in_flight--;
+  const absl::Status& status = c.error;
+  metrics_->CallDone(status.code());
+  if (status.ok()) {
+    uint64_t bytes = 0;
+    for (const ReadOp& op : c.ops) bytes += op.length;
+    queries_->CountReads(bytes, c.direct_bytes);
+    metrics_->bytes_served += bytes;
+  } else {
+    c.reply.code = static_cast<uint32_t>(status.code());
+    c.reply.message = std::string(status.message());
+    if (c.reply.need_region_bytes == 0) c.reply.rows = c.reply.d_model = 0;
+  }
+  c.ops.clear();
+  c.done.clear();
+  // A client that sent more requests without reading the replies fills its
+  // socket: it is disconnected rather than waited for.
+  if (!SendMessage(c.fd.get(), c.reply.Encode())) {
+    Close(c);
+    return;
+  }
+  if (!stopping_) ArmPoll(c);
+}
+
+void LocalQueryService::Loop::Close(Conn& c) {
+  if (c.busy || c.in_flight > 0) {
+    // Never with reads in flight: they write into its region.
+    LogError("local queries: closing a connection with reads in flight");
+    return;
+  }
+  conns_.erase(c.id);
+  connections_->store(static_cast<int64_t>(conns_.size()));
+}
+
+LocalQueryService::LocalQueryService(LocalQueryOptions options)
+    : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<LocalQueryService>> LocalQueryService::Start(
+    LocalQueryOptions options, const QueryEngine* queries, Metrics* metrics) {
+  std::unique_ptr<LocalQueryService> s(
+      new LocalQueryService(std::move(options)));
+  absl::StatusOr<UringRing> ring = UringRing::Create(s->options_.queue_depth);
+  if (!ring.ok()) {
+    return absl::UnimplementedError(
+        absl::StrCat("no io_uring: ", ring.status().message()));
+  }
+  ASSIGN_OR_RETURN(UniqueFd listen_fd,
+                   ListenUnix(s->options_.path, SOCK_SEQPACKET,
+                              s->options_.mode, s->options_.group, 256));
+  const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (efd < 0) return ErrnoToStatus(errno, "eventfd");
+  s->stop_fd_.Reset(efd);
+  s->loop_ = std::make_unique<Loop>(s->options_, queries, metrics,
+                                    std::move(*ring), std::move(listen_fd),
+                                    s->stop_fd_.get(), &s->connections_);
+  Loop* loop = s->loop_.get();
+  s->thread_ = std::thread([loop] { loop->Run(); });
+  LogInfo("local queries on ", s->options_.path);
+  return s;
+}
+
+LocalQueryService::~LocalQueryService() {
+  const uint64_t one = 1;
+  ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
+  (void)n;
+  if (thread_.joinable()) thread_.join();
+  loop_.reset();
+  ::unlink(options_.path.c_str());
+}
+
+}  // namespace shardcast

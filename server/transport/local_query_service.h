@@ -1,0 +1,96 @@
+// Random access for clients on the daemon's node without gRPC: the local
+// query socket (`<socket>.query`, same mode and group as the gRPC one;
+// common/query_protocol.h has the messages, README.md "Local queries").
+//
+// Why: over gRPC a call costs both sides a fixed ~0.1-0.8 ms of CPU and
+// thread hops whatever it asks for (tests/bench/RESULTS.md, random access),
+// so on a small machine the disk waits for the calls. Here a call is one
+// small message each way; the vectors go straight from the disk (O_DIRECT
+// where the dataset allows it) into a memfd region the client handed over
+// when it connected, and the coordinates come through that region too.
+//
+// One thread serves every connection from one io_uring: it polls the
+// sockets, plans each request's reads (QueryEngine::PlanVectorReads),
+// submits them with those of every other request in flight, and answers
+// each request when its last read completes. The reads of all clients are
+// in flight together, as fio's are at the matching queue depth; no call
+// waits on another's reads.
+//
+// Safety: a region must be a memfd sealed against shrinking (checked before
+// it is mapped), so no write of the daemon can fault; its size is capped.
+// The daemon copies a request's coordinates out of the region before
+// checking them, writes only inside the region, and never reads the
+// vectors back. A connection is served one request at a time; a client
+// that sends the next before reading the reply is disconnected.
+#ifndef SHARDCAST_SERVER_TRANSPORT_LOCAL_QUERY_SERVICE_H_
+#define SHARDCAST_SERVER_TRANSPORT_LOCAL_QUERY_SERVICE_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/file.h"
+#include "server/engine/query.h"
+#include "server/transport/metrics.h"
+
+namespace shardcast {
+
+struct LocalQueryOptions {
+  std::string path;  // the socket to create (its directory exists)
+  uint32_t mode = 0660;
+  std::string group;  // chgrp the socket to it when set
+  /// The largest region the daemon maps: the vectors of one call (the
+  /// engine's byte limit per call) and their coordinates.
+  uint64_t max_region_bytes = 256ull << 20;
+  int max_connections = 1024;
+  /// Whether a peer (uid, primary gid) may connect; empty: anyone the
+  /// socket's mode lets in. The daemon passes its --allow-user/-group.
+  std::function<bool(uid_t, gid_t)> admits;
+  /// Reads the ring may have in flight; more wait for a slot.
+  unsigned queue_depth = 1024;
+  /// With two or more calls in service and reads on the disk, the thread
+  /// checks for completions for up to this long before it sleeps. A
+  /// sleeping thread, and the idle CPU it leaves, wake up late (tens of
+  /// microseconds on a VM): on the 2-core VM, 16 client threads' cold
+  /// single-vector calls went from 33-38 K to 49-53 K calls/s with 60 us
+  /// (tests/bench/RESULTS.md). A lone caller never makes it spin. 0: never.
+  unsigned spin_us = 60;
+};
+
+/// Serves the local query socket on its own thread until destroyed.
+class LocalQueryService {
+ public:
+  /// Creates the socket (removing a stale one: the caller holds the daemon
+  /// lock) and starts serving. UNIMPLEMENTED when the kernel gives no
+  /// io_uring (old kernel, seccomp): the daemon then goes on without the
+  /// socket, and clients use gRPC. `queries` and `metrics` must outlive the
+  /// service.
+  static absl::StatusOr<std::unique_ptr<LocalQueryService>> Start(
+      LocalQueryOptions options, const QueryEngine* queries, Metrics* metrics);
+  /// Stops serving (reads in flight complete first) and removes the socket.
+  ~LocalQueryService();
+
+  /// Connections open now.
+  int64_t connections() const { return connections_.load(); }
+  const std::string& path() const { return options_.path; }
+
+ private:
+  class Loop;
+  explicit LocalQueryService(LocalQueryOptions options);
+
+  const LocalQueryOptions options_;
+  std::unique_ptr<Loop> loop_;
+  UniqueFd stop_fd_;  // eventfd: the destructor wakes the loop
+  std::thread thread_;
+  std::atomic<int64_t> connections_{0};
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_TRANSPORT_LOCAL_QUERY_SERVICE_H_
