@@ -59,6 +59,9 @@ const std::vector<OptionSpec> kSpecs = {
      "the Client's stream_vectors_from: calls of at least N vectors use "
      "StreamVectors, parts sent as the reads complete (default: the "
      "library's, 64; 0 = never)"},
+    {"no-local", nullptr,
+     "the Client's local_queries off: GetVectors over gRPC even on the "
+     "daemon's node (default: the local query socket when the daemon has one)"},
     {"no-session", nullptr,
      "the Client's query_session off: every call below --stream-from is a "
      "unary GetVectors (default: messages on one VectorsSession call)"},
@@ -369,6 +372,7 @@ int Main(int argc, char** argv) {
   options.query_calls_in_flight = static_cast<int>(ints[8]);
   options.stream_vectors_from = ints[9];
   options.query_session = !args->Has("no-session");
+  options.local_queries = !args->Has("no-local");
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(address, options);
   if (!client.ok()) {
@@ -413,6 +417,7 @@ int Main(int argc, char** argv) {
   out["calls_in_flight"] = options.query_calls_in_flight;
   out["stream_from"] = options.stream_vectors_from;
   out["query_session"] = options.query_session;
+  out["local_queries"] = options.local_queries;
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;

@@ -23,6 +23,8 @@
 #   CONC           client threads of the concurrent cold run (default 16)
 #   PAIRS          alternating pairs of the 256/call phase and its fio
 #                  reference (default 3; 0: none)
+#   QUERY_ARGS     more query_bench flags for every phase, e.g. --no-local
+#                  (GetVectors over gRPC instead of the local query socket)
 #   COLD_SHARE     a cold phase reads at most 1/COLD_SHARE of the dataset's
 #                  vectors, each once (default 4): fio's reference, on as many
 #                  reads, then also reads blocks whose neighbours are mostly
@@ -56,6 +58,7 @@ BENCH_EXAMPLES=${BENCH_EXAMPLES:-1024}
 FIO_SECONDS=${FIO_SECONDS:-10}
 FIO_QD=${FIO_QD:-256}
 CONC=${CONC:-16}
+QUERY_ARGS=${QUERY_ARGS:-}
 PAIRS=${PAIRS:-3}
 COLD_SHARE=${COLD_SHARE:-4}
 
@@ -156,7 +159,7 @@ run_fio "direct_qd$FIO_QD" 1 "$FIO_QD" io_uring
 
 # 4. Query bench, cold: evict right before each run.
 QB=("$BUILD_DIR/query_bench" --address "unix:$SOCK" --seconds "$FIO_SECONDS"
-    --verify-synth-seed 0 --seed 1)
+    --verify-synth-seed 0 --seed 1 $QUERY_ARGS)
 echo "== query_bench cold"
 cold() {  # NAME ARGS...: evict, run query_bench, keep its JSON and disk bytes
   local name=$1; shift
