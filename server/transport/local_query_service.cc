@@ -167,20 +167,24 @@ void LocalQueryService::Loop::Run() {
         });
         continue;
       }
+      const uint64_t sub = tag & 0xffffffffu;
+      if (sub != 0) --reads_in_flight_;
       auto it = conns_.find(static_cast<uint32_t>(tag >> 32));
       if (it == conns_.end()) continue;  // a poll of a closed connection
       Conn& c = *it->second;
-      const uint64_t sub = tag & 0xffffffffu;
       if (sub == 0) {
         if (!stopping_) OnPoll(c, res);
       } else {
-        --reads_in_flight_;
         OnRead(c, static_cast<size_t>(sub - 1), res);
       }
     }
     if (!stopping_) StartWaitingReads();
   }
-  // Every read has completed: the regions can go (with conns_).
+  // Every read has completed: the regions can go. Closing the connections
+  // and the listener (also when the ring failed) sends clients to gRPC.
+  conns_.clear();
+  connections_->store(0);
+  listen_fd_.Reset();
 }
 
 void LocalQueryService::Loop::Accept() {
@@ -218,8 +222,9 @@ void LocalQueryService::Loop::Accept() {
       SendMessage(fd, reply.Encode());
       continue;  // c closes the descriptor
     }
-    c->id = next_id_++;
-    if (next_id_ == 0) next_id_ = 1;
+    do {  // ids wrap after 2^32 connections; skip those still open
+      c->id = next_id_++;
+    } while (c->id == 0 || conns_.count(c->id) != 0);
     ArmPoll(*c);
     conns_[c->id] = std::move(c);
     connections_->store(static_cast<int64_t>(conns_.size()));
