@@ -404,19 +404,25 @@ def assert_exact_epoch(rows, want, what="epoch"):
 # ---------------------------------------------------------------------------
 # Process inspection.
 
-def memfd_mappings(pid="self"):
-    """[(start, end)] of the memfd mappings in /proc/PID/maps."""
+# The name of the daemon's batch regions' memfds (server/transport/
+# shm_service.cc); the local query socket's regions are "shardcast-queries".
+BATCH_REGION = "shardcast-region"
+
+
+def memfd_mappings(pid="self", name=BATCH_REGION):
+    """[(start, end)] of the mappings of memfds named `name` in /proc/PID/maps."""
     out = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
-            if "/memfd:" in line:
+            if f"/memfd:{name}" in line:
                 lo, hi = line.split()[0].split("-")
                 out.append((int(lo, 16), int(hi, 16)))
     return out
 
 
-def memfd_fds(pid):
-    """Descriptors of PID that are memfds (their links read "/memfd:...")."""
+def memfd_fds(pid, name=BATCH_REGION):
+    """Descriptors of PID that are memfds named `name` (their links read
+    "/memfd:NAME...")."""
     out = []
     fd_dir = f"/proc/{pid}/fd"
     for name in os.listdir(fd_dir):
@@ -424,7 +430,7 @@ def memfd_fds(pid):
             link = os.readlink(os.path.join(fd_dir, name))
         except OSError:
             continue
-        if "memfd:" in link:
+        if f"memfd:{name}" in link:
             out.append(link)
     return out
 

@@ -132,13 +132,16 @@ def test_datasets_and_describe_match_the_metadata_files(start_daemon, datasets):
             assert client.describe(r.id[:8]) == info, name
 
 
-def test_get_vectors_equal_numpy(start_daemon, datasets):
+@pytest.mark.parametrize("local", [True, False], ids=["local-socket", "grpc"])
+def test_get_vectors_equal_numpy(start_daemon, datasets, local):
     """get_vectors returns float32 [N, D] equal to numpy at the protocol
     offsets, for a list of tuples and for an [N, 3] array (corners, both
-    shards, negative layers, CLS and last token); [] gives [0, D]."""
+    shards, negative layers, CLS and last token); [] gives [0, D]. On the
+    local query socket (the default on a Unix socket) and over gRPC."""
     d = start_daemon()
     rng = np.random.default_rng(11)
-    with shardcast.Client(d.address) as client:
+    with shardcast.Client(d.address, local_queries=local) as client:
+        assert client.local_queries == local
         for name in ("main", "plain", "v1", "saev"):
             r = getattr(datasets, name)
             coords = [(0, r.layers[0], 0), (r.N - 1, r.layers[-1], r.T - 1),
@@ -153,6 +156,70 @@ def test_get_vectors_equal_numpy(start_daemon, datasets):
             ref.assert_f32_equal(got, want, f"{name} get_vectors(ndarray)")
             empty = client.get_vectors(r.id, [])
             assert empty.shape == (0, r.D) and empty.dtype == np.float32, name
+
+
+def test_local_queries_skip_grpc_grow_their_region_and_serve_threads(
+        start_daemon, datasets):
+    """On the Unix socket get_vectors goes through the local query socket
+    (shardcast_queries_local_total counts each call, the daemon's log shows no
+    gRPC query): cold and cached, from 8 threads at once, and a call larger
+    than a connection's first region (the client reconnects with a larger
+    one) all equal numpy; errors carry the daemon's code and message, as
+    over gRPC."""
+    import re
+    import threading
+    from sysprobe import evict, metric_samples
+    d = start_daemon("--http", "127.0.0.1:0")
+    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)",
+                         d.log.read_text()).group(1))
+    r = datasets.main
+    files = sorted(str(p) for p in r.path.glob("acts*.bin"))
+    rng = np.random.default_rng(31)
+
+    def draw(n):
+        return [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+                 int(rng.integers(r.T))) for _ in range(n)]
+
+    def local_calls():
+        return metric_samples(port)["shardcast_queries_local_total"]
+
+    with shardcast.Client(d.address) as client:
+        assert client.local_queries
+        coords = draw(40)
+        want = np.stack([r.vector(*c) for c in coords])
+        evict(files)
+        before = local_calls()
+        ref.assert_f32_equal(client.get_vectors(r.id, coords), want, "cold")
+        ref.assert_f32_equal(client.get_vectors(r.id, coords), want, "cached")
+        assert local_calls() == before + 2
+        # More coordinates and vectors than the first region (1 MiB) holds.
+        big = np.array(draw(60000), dtype=np.int64)
+        got = client.get_vectors(r.id, big)
+        assert got.shape == (60000, r.D)
+        for i in range(0, 60000, 997):
+            ref.assert_f32_equal(got[i], r.vector(*big[i]), f"row {i}")
+        jobs = [draw(1 + i % 5) for i in range(8 * 30)]
+        wrong = []
+
+        def worker(k):
+            for job in jobs[k::8]:
+                want = np.stack([r.vector(*c) for c in job])
+                if not np.array_equal(client.get_vectors(r.id, job).view(np.uint32),
+                                      want.astype(np.float32).view(np.uint32)):
+                    wrong.append(job)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not wrong, wrong[:3]
+        with pytest.raises(shardcast.Error) as e:
+            client.get_vectors(r.id, coords[:3] + [(0, r.layers[0], r.T)])
+        assert e.value.code == "OUT_OF_RANGE" and "coordinates[3]" in str(e.value), e.value
+        with pytest.raises(shardcast.Error) as e:
+            client.get_vectors("0123456789abcdef", coords[:1])
+        assert e.value.code == "NOT_FOUND", e.value
+    assert "call /shardcast.v1.Query/" not in d.log.read_text()
 
 
 def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
@@ -178,7 +245,7 @@ def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
     def inline():
         return metric_samples(port)["shardcast_queries_inline_total"]
 
-    with shardcast.Client(d.address) as client:
+    with shardcast.Client(d.address, local_queries=False) as client:  # gRPC paths
         evict(files)
         before = inline()
         ref.assert_f32_equal(client.get_vectors(r.id, coords[:8]), want[:8], "cold")
@@ -219,7 +286,7 @@ def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, dataset
     def streamed():
         return metric_samples(port)["shardcast_queries_streamed_total"]
 
-    with shardcast.Client(d.address) as client:
+    with shardcast.Client(d.address, local_queries=False) as client:  # gRPC paths
         for label in ("cold", "cached"):
             if label == "cold":
                 evict(files)

@@ -18,7 +18,7 @@ import types
 import grpc
 import numpy as np
 
-from shardcast import _shm
+from shardcast import _local, _shm
 from shardcast.v1 import shardcast_pb2 as pb
 from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
@@ -94,6 +94,14 @@ def _record(message):
             value = list(value)
         out[field.name] = value
     return types.SimpleNamespace(**out)
+
+
+def _code_name(code):
+    """The name of gRPC status code number `code` ("UNKNOWN" if none)."""
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c.name
+    return "UNKNOWN"
 
 
 def _call(fn, *args, **kwargs):
@@ -276,12 +284,16 @@ class Client:
     for TCP; `tls_cert`/`tls_key` add a client certificate (mutual TLS).
     On a Unix socket, streams get their batches in shared memory unless
     `shared_memory=False`; `slots` is how many batches the daemon may have
-    ready for one stream (2 to 16). Every method raises Error on failure.
+    ready for one stream (2 to 16); get_vectors goes through the daemon's
+    local query socket (no gRPC: README.md, "Local queries") unless
+    `local_queries=False` or the daemon has none. Every method raises Error
+    on failure.
     Thread-safe (grpcio channels are); a Stream belongs to one thread.
     """
 
     def __init__(self, address=None, *, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, shared_memory=True, slots=4, timeout=5.0):
+                 tls_server_name=None, shared_memory=True, slots=4, timeout=5.0,
+                 local_queries=True):
         address = address or os.environ.get(ADDRESS_VARIABLE)
         if not address:
             raise Error("INVALID_ARGUMENT", "no daemon address: pass one or set "
@@ -322,8 +334,22 @@ class Client:
         self._admin = pb_grpc.AdminStub(self._channel)
         self._query = pb_grpc.QueryStub(self._channel)
         self._stream = pb_grpc.StreamStub(self._channel)
+        self._local = None  # get_vectors over gRPC
+        path = _local.socket_path(address) if local_queries else None
+        if path is not None and os.path.exists(path):
+            try:
+                self._local = _local.LocalQueries(path, timeout)
+            except (OSError, _local.Refused):
+                pass  # an older daemon, a refusal: gRPC answers the same
+
+    @property
+    def local_queries(self):
+        """Whether get_vectors uses the local query socket."""
+        return self._local is not None
 
     def close(self):
+        if self._local is not None:
+            self._local.close()
         self._channel.close()
 
     def __enter__(self):
@@ -349,7 +375,14 @@ class Client:
     def get_vectors(self, dataset, coords):
         """float32 [N, D]: the vectors at `coords`, a sequence (or [N, 3]
         array) of (example, layer value, token index on the token axis)."""
-        coords = np.asarray(coords, dtype=np.int64).reshape(-1, 3)
+        coords = np.ascontiguousarray(np.asarray(coords, dtype=np.int64).reshape(-1, 3))
+        if self._local is not None:
+            try:
+                got = self._local.get_vectors(dataset, coords)
+            except _local.Refused as e:
+                raise Error(_code_name(e.code), e.message) from None
+            if got is not None:
+                return got
         request = pb.GetVectorsRequest(dataset=dataset, coordinates=[
             pb.Coordinate(example=int(e), layer=int(l), token=int(t))
             for e, l, t in coords])
