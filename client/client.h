@@ -357,7 +357,11 @@ class Client {
   /// The vectors at `coords`, [N, D] in the order of `coords`. DATA_LOSS
   /// when the reply's shape does not match its payload; the daemon's
   /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or
-  /// oversized requests. Concurrent calls may share one call to the
+  /// oversized requests. On the local query socket
+  /// (ClientOptions::local_queries) the block views the vectors where the
+  /// daemon wrote them, in memory shared with it, and holds that memory
+  /// until its last copy goes (beyond 16 such blocks held at once, later
+  /// ones are copies). Over gRPC concurrent calls may share one call to the
   /// daemon (ClientOptions::query_calls_in_flight); the block then views
   /// its rows of the shared reply, or holds a copy of them when they are
   /// under a quarter of it.

@@ -64,24 +64,90 @@ struct LocalQueries::Conn {
   }
 };
 
+struct LocalQueries::Pool {
+  Mutex mu;
+  bool open ABSL_GUARDED_BY(mu) = true;  // false once LocalQueries is gone
+  std::vector<std::unique_ptr<Conn>> idle ABSL_GUARDED_BY(mu);
+  uint64_t max_region_bytes ABSL_GUARDED_BY(mu) = 0;
+  int64_t made ABSL_GUARDED_BY(mu) = 0;
+  int64_t lent ABSL_GUARDED_BY(mu) = 0;
+
+  // Takes back a connection (closes it once the pool is gone).
+  void Put(std::unique_ptr<Conn> c) ABSL_LOCKS_EXCLUDED(mu) {
+    MutexLock lock(&mu);
+    if (open) idle.push_back(std::move(c));
+  }
+};
+
 LocalQueries::LocalQueries(std::string path, int timeout_seconds)
-    : path_(std::move(path)), timeout_seconds_(timeout_seconds) {}
+    : path_(std::move(path)),
+      timeout_seconds_(timeout_seconds),
+      pool_(std::make_shared<Pool>()) {}
 
 std::unique_ptr<LocalQueries> LocalQueries::Open(const std::string& path,
                                                  int timeout_seconds) {
   std::unique_ptr<LocalQueries> q(new LocalQueries(path, timeout_seconds));
   absl::StatusOr<std::unique_ptr<Conn>> c = q->Connect(kFirstRegionBytes);
   if (!c.ok()) return nullptr;
-  MutexLock lock(&q->mu_);
-  q->idle_.push_back(std::move(*c));
+  q->Return(std::move(*c));
   return q;
 }
 
-LocalQueries::~LocalQueries() = default;
+LocalQueries::~LocalQueries() {
+  // Blocks that still hold a connection close it when they go.
+  std::vector<std::unique_ptr<Conn>> idle;
+  MutexLock lock(&pool_->mu);
+  pool_->open = false;
+  idle.swap(pool_->idle);
+}
 
 int64_t LocalQueries::connections_made() const {
-  MutexLock lock(&mu_);
-  return made_;
+  MutexLock lock(&pool_->mu);
+  return pool_->made;
+}
+
+int64_t LocalQueries::connections_lent() const {
+  MutexLock lock(&pool_->mu);
+  return pool_->lent;
+}
+
+void LocalQueries::Return(std::unique_ptr<Conn> c) { pool_->Put(std::move(c)); }
+
+VectorBlock LocalQueries::MakeBlock(std::unique_ptr<Conn> c,
+                                    std::vector<int64_t> shape,
+                                    uint64_t out_offset) {
+  const uint64_t floats =
+      static_cast<uint64_t>(shape[0]) * static_cast<uint64_t>(shape[1]);
+  VectorBlock block;
+  block.shape = std::move(shape);
+  bool lend = false;
+  if (floats > 0) {
+    MutexLock lock(&pool_->mu);
+    lend = pool_->lent < kMaxLent;
+    if (lend) ++pool_->lent;
+  }
+  if (!lend) {
+    std::shared_ptr<float[]> values(new float[std::max<uint64_t>(floats, 1)]);
+    std::memcpy(values.get(), c->base + out_offset, floats * sizeof(float));
+    block.values = absl::Span<const float>(values.get(), floats);
+    block.storage = std::move(values);
+    Return(std::move(c));
+    return block;
+  }
+  block.values = absl::Span<const float>(
+      reinterpret_cast<const float*>(c->base + out_offset), floats);
+  // The block's last copy gives the connection back (or closes it, when
+  // this LocalQueries is gone).
+  block.storage =
+      std::shared_ptr<const void>(c.release(), [pool = pool_](const void* p) {
+        std::unique_ptr<Conn> conn(static_cast<Conn*>(const_cast<void*>(p)));
+        {
+          MutexLock lock(&pool->mu);
+          --pool->lent;
+        }
+        pool->Put(std::move(conn));
+      });
+  return block;
 }
 
 absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
@@ -127,19 +193,20 @@ absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
   }
   tv = {0, 0};  // calls may take as long as their reads
   ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  MutexLock lock(&mu_);
-  max_region_bytes_ = reply.max_region_bytes;
-  ++made_;
+  MutexLock lock(&pool_->mu);
+  pool_->max_region_bytes = reply.max_region_bytes;
+  ++pool_->made;
   return c;
 }
 
-absl::StatusOr<VectorBlock> LocalQueries::Call(
+absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     Conn& c, const std::string& dataset, const std::vector<VectorCoord>& coords,
-    uint64_t* need) {
+    uint64_t* out, uint64_t* need) {
   *need = 0;
   const uint64_t n = coords.size();
   const uint64_t coords_bytes = n * lq::kCoordBytes;
   const uint64_t out_offset = RoundUp(coords_bytes, lq::kOutAlign);
+  *out = out_offset;
   if (out_offset >= c.bytes) {
     *need = out_offset + lq::kOutAlign;
     return absl::ResourceExhaustedError("the coordinates need a larger region");
@@ -187,24 +254,18 @@ absl::StatusOr<VectorBlock> LocalQueries::Call(
         absl::StrCat("the daemon's local query reply has ", reply.rows, " x ",
                      reply.d_model, " vectors for ", n, " coordinates"));
   }
-  const uint64_t floats = n * reply.d_model;
-  std::shared_ptr<float[]> values(new float[std::max<uint64_t>(floats, 1)]);
-  std::memcpy(values.get(), c.base + out_offset, floats * sizeof(float));
-  VectorBlock block;
-  block.shape = {static_cast<int64_t>(n), static_cast<int64_t>(reply.d_model)};
-  block.values = absl::Span<const float>(values.get(), floats);
-  block.storage = std::move(values);
-  return block;
+  return std::vector<int64_t>{static_cast<int64_t>(n),
+                              static_cast<int64_t>(reply.d_model)};
 }
 
 std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
   std::unique_ptr<Conn> c;
   {
-    MutexLock lock(&mu_);
-    if (!idle_.empty()) {
-      c = std::move(idle_.back());
-      idle_.pop_back();
+    MutexLock lock(&pool_->mu);
+    if (!pool_->idle.empty()) {
+      c = std::move(pool_->idle.back());
+      pool_->idle.pop_back();
     }
   }
   // A new connection when none is free, a broken one is replaced once, and
@@ -218,24 +279,25 @@ std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
       if (!made.ok()) return std::nullopt;
       c = std::move(*made);
     }
-    uint64_t need = 0;
-    absl::StatusOr<VectorBlock> block = Call(*c, dataset, coords, &need);
-    if (absl::IsDataLoss(block.status())) return block;  // out of step: drop c
-    if (block.ok() || (need == 0 && !absl::IsUnavailable(block.status()))) {
-      MutexLock lock(&mu_);
-      idle_.push_back(std::move(c));
-      return block;
+    uint64_t need = 0, out_offset = 0;
+    absl::StatusOr<std::vector<int64_t>> shape =
+        Call(*c, dataset, coords, &out_offset, &need);
+    if (shape.ok())
+      return MakeBlock(std::move(c), *std::move(shape), out_offset);
+    if (absl::IsDataLoss(shape.status())) return shape.status();  // drop c
+    if (need == 0 && !absl::IsUnavailable(shape.status())) {
+      Return(std::move(c));
+      return shape.status();
     }
     if (need > 0) {
       uint64_t max_bytes;
       {
-        MutexLock lock(&mu_);
-        max_bytes = max_region_bytes_;
+        MutexLock lock(&pool_->mu);
+        max_bytes = pool_->max_region_bytes;
       }
       if (growths == 2 || need <= c->bytes || need > max_bytes) {
-        MutexLock lock(&mu_);
-        idle_.push_back(std::move(c));
-        return block;  // the daemon's RESOURCE_EXHAUSTED
+        Return(std::move(c));
+        return shape.status();  // the daemon's RESOURCE_EXHAUSTED
       }
       ++growths;
       absl::StatusOr<std::unique_ptr<Conn>> made =

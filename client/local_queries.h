@@ -21,7 +21,12 @@ namespace internal_client {
 
 /// Thread-safe. Each call takes a connection of its own from a pool (one is
 /// made when none is free), so N threads calling at once have N calls in
-/// flight, and the daemon reads their vectors together.
+/// flight, and the daemon reads their vectors together. A call's block views
+/// the vectors where the daemon put them, in the connection's region: the
+/// connection is lent to the block and goes back to the pool when the
+/// block's last copy goes (no copy, and no fresh memory per call). Past
+/// kMaxLent blocks held at once, further blocks are copies, so that a
+/// caller keeping many blocks does not keep as many connections.
 class LocalQueries {
  public:
   /// Connects to `path` (the gRPC socket's path + ".query") once, to see
@@ -32,7 +37,9 @@ class LocalQueries {
                                             int timeout_seconds);
   ~LocalQueries();
 
-  /// The vectors at `coords`, copied out of the region. nullopt when the
+  static constexpr int kMaxLent = 16;
+
+  /// The vectors at `coords` (see the class comment). nullopt when the
   /// socket cannot be used for it (the daemon went away or restarted
   /// without it): ask over gRPC then. The daemon's errors otherwise (as
   /// over gRPC: NOT_FOUND, OUT_OF_RANGE naming the coordinate, ...), and
@@ -40,27 +47,33 @@ class LocalQueries {
   std::optional<absl::StatusOr<VectorBlock>> GetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords);
 
-  /// Connections made so far (for tests).
+  /// Connections made so far, and lent to blocks now (for tests).
   int64_t connections_made() const;
+  int64_t connections_lent() const;
 
  private:
   struct Conn;
+  struct Pool;  // shared with the blocks that hold a connection
   LocalQueries(std::string path, int timeout_seconds);
   // A connection with a region of at least `region_bytes`; the daemon's
   // refusal or the socket's error otherwise.
   absl::StatusOr<std::unique_ptr<Conn>> Connect(uint64_t region_bytes);
-  // One call on `c`; UNAVAILABLE when the connection broke (the caller
-  // drops it); `*need` set when the region is too small for the vectors.
-  absl::StatusOr<VectorBlock> Call(Conn& c, const std::string& dataset,
-                                   const std::vector<VectorCoord>& coords,
-                                   uint64_t* need);
+  // One call on `c`: the shape of the vectors now at `*out_offset` in its
+  // region. UNAVAILABLE when the connection broke (the caller drops it);
+  // `*need` set when the region is too small for the vectors.
+  absl::StatusOr<std::vector<int64_t>> Call(
+      Conn& c, const std::string& dataset,
+      const std::vector<VectorCoord>& coords, uint64_t* out_offset,
+      uint64_t* need);
+  // The block of a call's vectors: a view lending `c` when fewer than
+  // kMaxLent are lent, else a copy (and `c` goes back to the pool).
+  VectorBlock MakeBlock(std::unique_ptr<Conn> c, std::vector<int64_t> shape,
+                        uint64_t out_offset);
+  void Return(std::unique_ptr<Conn> c);
 
   const std::string path_;
   const int timeout_seconds_;
-  mutable Mutex mu_;
-  std::vector<std::unique_ptr<Conn>> idle_ ABSL_GUARDED_BY(mu_);
-  uint64_t max_region_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t made_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::shared_ptr<Pool> pool_;
 };
 
 }  // namespace internal_client

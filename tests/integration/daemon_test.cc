@@ -869,6 +869,42 @@ TEST_F(DaemonTest, LocalQueriesAnswerThreadsWithoutGrpc) {
   EXPECT_GE(status->calls_total, 16u * 40u + 1u);
 }
 
+// Blocks from the local query socket view the connection's region, which
+// no later call may overwrite while a block holds it: forty blocks held at
+// once (the first ones views, the rest copies), more calls meanwhile, then
+// the client gone; every block keeps its own values.
+TEST_F(DaemonTest, LocalBlocksKeepTheirValuesWhileHeld) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<VectorCoord> coords;
+  std::vector<VectorBlock> held;
+  for (int64_t i = 0; i < 40; ++i) {
+    coords.push_back({i, i % 2 ? 6 : -2, i % 17});
+    auto block = client->GetVectors(main_id_, {coords.back()});
+    ASSERT_TRUE(block.ok()) << block.status();
+    held.push_back(*std::move(block));
+  }
+  for (int i = 0; i < 50; ++i) {  // calls reusing the free connections
+    ASSERT_TRUE(client->GetVectors(main_id_, {{i % 40, 6, 16}}).ok());
+  }
+  const auto check = [&](const char* when) {
+    for (size_t i = 0; i < held.size(); ++i) {
+      const VectorCoord& c = coords[i];
+      ASSERT_EQ(held[i].shape, (std::vector<int64_t>{1, 32})) << when;
+      for (int64_t k = 0; k < 32; ++k) {
+        ASSERT_EQ(held[i].values[static_cast<size_t>(k)],
+                  Expected(c.example, c.layer == 6 ? 1 : 0, c.token, k))
+            << when << ": block " << i;
+      }
+    }
+  };
+  check("client open");
+  client.reset();
+  check("client gone");
+  held.clear();  // the lent connections close
+}
+
 TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
   daemon_ = StartDaemon({"--disable-local-queries"});
   auto client = Connect();
