@@ -172,14 +172,16 @@ def query_rows(out, query_dir, repeat):
     # the same depth, then a bare unary round trip carrying the reply's bytes
     # (a unary reply cannot overlap its own reads). The client streams calls
     # this large (StreamVectors: parts leave as their reads complete), so
-    # shardcast can pass it. Printed beside the target, not instead.
+    # shardcast can pass it, and on the daemon's node the client library
+    # uses the local query socket, not gRPC, by default. Printed beside the
+    # target, not instead.
     rt_batch = [load(p)["mean_us"] for p in
                 (os.path.join(out, f"unary-batch-{r}.json") for r in range(1, repeat + 1))
                 if os.path.exists(p)]
     if rt_batch:
         vectors = 256  # run_query_bench.sh --batch
         serial = vectors / (vectors / deep_iops + statistics.median(rt_batch) / 1e6)
-        rows.insert(4 if pairs else 3, (f"  unary bound, one call at a time: fio's {vectors} reads, then a bare "
+        rows.insert(4 if pairs else 3, (f"  gRPC unary bound (local clients skip gRPC), one call at a time: fio's {vectors} reads, then a bare "
                      f"reply of {vectors} vectors ({statistics.median(rt_batch):.0f} us mean)",
                      f"{serial:.0f} vec/s", f"{serial / deep_iops:.2f} x fio",
                      batch / serial, "(shardcast x unary bound)", ""))
