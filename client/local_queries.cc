@@ -59,6 +59,15 @@ struct LocalQueries::Conn {
   char* base = nullptr;
   uint64_t bytes = 0;
   uint64_t next_id = 1;
+  // The region's pages below this were written here first, so the memory
+  // is this process's (a page the daemon's read faults in first would be
+  // charged to the daemon's memory cgroup).
+  uint64_t touched = 0;
+  uint64_t vector_bytes = 4096;  // of the last reply: the guess for the next
+  void Touch(uint64_t end) {
+    end = std::min(end, bytes);
+    for (; touched < end; touched += lq::kOutAlign) base[touched] = 0;
+  }
   ~Conn() {
     if (base != nullptr) ::munmap(base, bytes);
   }
@@ -211,6 +220,7 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     *need = out_offset + lq::kOutAlign;
     return absl::ResourceExhaustedError("the coordinates need a larger region");
   }
+  c.Touch(out_offset + n * c.vector_bytes);
   char* p = c.base;
   for (const VectorCoord& v : coords) {
     const int64_t triple[3] = {v.example, v.layer, v.token};
@@ -254,6 +264,7 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
         absl::StrCat("the daemon's local query reply has ", reply.rows, " x ",
                      reply.d_model, " vectors for ", n, " coordinates"));
   }
+  c.vector_bytes = reply.d_model * sizeof(float);
   return std::vector<int64_t>{static_cast<int64_t>(n),
                               static_cast<int64_t>(reply.d_model)};
 }

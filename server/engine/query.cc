@@ -13,6 +13,15 @@
 
 namespace shardcast {
 
+absl::Status QueryEngine::CheckCount(uint64_t vectors) const {
+  if (vectors > static_cast<uint64_t>(limits_.max_vectors_per_call)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request asks for ", vectors, " vectors; the limit per call is ",
+        limits_.max_vectors_per_call));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status QueryEngine::CheckBytes(uint64_t bytes) const {
   if (bytes > limits_.max_bytes_per_call) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -104,11 +113,7 @@ absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
                    catalog_->Resolve(dataset));
   const DatasetDesc& d = reader->desc();
   const int64_t n = static_cast<int64_t>(coords.size());
-  if (n > limits_.max_vectors_per_call) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the request asks for ", n, " vectors; the limit per call is ",
-        limits_.max_vectors_per_call));
-  }
+  RETURN_IF_ERROR(CheckCount(static_cast<uint64_t>(n)));
   RETURN_IF_ERROR(CheckBytes(static_cast<uint64_t>(n) * d.vector_bytes()));
   // Vectors the page cache does not hold: O_DIRECT into the result (which
   // is 4 KiB-aligned, as is every vector of a 4 KiB multiple in it).

@@ -146,6 +146,10 @@ class QueryEngine {
       absl::string_view dataset, const std::vector<Coord>& coords,
       ColdReads cold, absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,
       std::vector<ReadOp>* ops, uint64_t* direct_bytes) const;
+  /// RESOURCE_EXHAUSTED for a GetVectors of more vectors than a call may
+  /// ask (as PlanVectorReads says it): a transport can refuse a request
+  /// before it reads the coordinates in.
+  absl::Status CheckCount(uint64_t vectors) const;
   /// Adds reads a transport performed for PlanVectorReads to the counters.
   void CountReads(uint64_t bytes, uint64_t direct_bytes) const {
     bytes_read_ += bytes;

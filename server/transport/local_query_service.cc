@@ -393,6 +393,9 @@ absl::Status LocalQueryService::Loop::Plan(Conn& c,
     return absl::UnimplementedError(absl::StrCat(
         "unknown query operation ", static_cast<uint32_t>(request.op)));
   }
+  // Too many is refused before the coordinates are touched (they would be
+  // copied, and the region's pages faulted in here, for nothing).
+  RETURN_IF_ERROR(queries_->CheckCount(request.count));
   // The coordinates, copied out of the region before they are checked (the
   // client may change the region meanwhile).
   if (request.count > c.bytes / lq::kCoordBytes ||

@@ -91,6 +91,18 @@ class _Conn:
                 os.close(fd)  # the mapping keeps the memory
         self.bytes = region_bytes
         self.next_id = 1
+        # The region's pages below this were written here first, so the
+        # memory is this process's (a page the daemon's read faults in first
+        # would be charged to the daemon's memory cgroup).
+        self.touched = 0
+        self.vector_bytes = 4096  # of the last reply: the guess for the next
+
+    def _touch(self, end):
+        end = min(end, self.bytes)
+        if end > self.touched:
+            self.buffer[self.touched:end:OUT_ALIGN] = bytes(
+                len(range(self.touched, end, OUT_ALIGN)))
+            self.touched = _round_up(end, OUT_ALIGN)
 
     def close(self):
         self.sock.close()
@@ -105,6 +117,7 @@ class _Conn:
         if out >= self.bytes:
             raise Refused(8, "the coordinates need a larger region",
                           need=out + OUT_ALIGN)
+        self._touch(out + n * self.vector_bytes)
         self.buffer[:n * COORD_BYTES] = coords.tobytes()
         request_id = self.next_id
         self.next_id += 1
@@ -123,6 +136,7 @@ class _Conn:
         if rows != n or d_model == 0 or out + n * d_model * 4 > self.bytes:
             raise Refused(15, f"the daemon's local query reply has {rows} x "
                               f"{d_model} vectors for {n} coordinates")
+        self.vector_bytes = d_model * 4
         return np.frombuffer(self.buffer, dtype="<f4", count=n * d_model,
                              offset=out).reshape(n, d_model).copy()
 
