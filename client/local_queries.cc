@@ -78,8 +78,7 @@ struct LocalQueries::Pool {
   bool open ABSL_GUARDED_BY(mu) = true;  // false once LocalQueries is gone
   std::vector<std::unique_ptr<Conn>> idle ABSL_GUARDED_BY(mu);
   uint64_t max_region_bytes ABSL_GUARDED_BY(mu) = 0;
-  int64_t made ABSL_GUARDED_BY(mu) = 0;
-  int64_t lent ABSL_GUARDED_BY(mu) = 0;
+  int64_t lent ABSL_GUARDED_BY(mu) = 0;  // connections held by blocks
 
   // Takes back a connection (closes it once the pool is gone).
   void Put(std::unique_ptr<Conn> c) ABSL_LOCKS_EXCLUDED(mu) {
@@ -108,16 +107,6 @@ LocalQueries::~LocalQueries() {
   MutexLock lock(&pool_->mu);
   pool_->open = false;
   idle.swap(pool_->idle);
-}
-
-int64_t LocalQueries::connections_made() const {
-  MutexLock lock(&pool_->mu);
-  return pool_->made;
-}
-
-int64_t LocalQueries::connections_lent() const {
-  MutexLock lock(&pool_->mu);
-  return pool_->lent;
 }
 
 void LocalQueries::Return(std::unique_ptr<Conn> c) { pool_->Put(std::move(c)); }
@@ -204,7 +193,6 @@ absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
   ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   MutexLock lock(&pool_->mu);
   pool_->max_region_bytes = reply.max_region_bytes;
-  ++pool_->made;
   return c;
 }
 
@@ -212,6 +200,11 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     Conn& c, const std::string& dataset, const std::vector<VectorCoord>& coords,
     uint64_t* out, uint64_t* need) {
   *need = 0;
+  if (dataset.size() > lq::kMaxDatasetBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a dataset name of ", dataset.size(), " bytes; at most ",
+                     lq::kMaxDatasetBytes));
+  }
   const uint64_t n = coords.size();
   const uint64_t coords_bytes = n * lq::kCoordBytes;
   const uint64_t out_offset = RoundUp(coords_bytes, lq::kOutAlign);
@@ -233,11 +226,6 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
   request.coords_offset = 0;
   request.out_offset = out_offset;
   request.dataset = dataset;
-  if (request.dataset.size() > lq::kMaxDatasetBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a dataset name of ", request.dataset.size(),
-                     " bytes; at most ", lq::kMaxDatasetBytes));
-  }
   absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
   if (!sent.ok()) return absl::UnavailableError(sent.message());
   char buf[kMaxReplyBytes];

@@ -47,10 +47,6 @@ class LocalQueries {
   std::optional<absl::StatusOr<VectorBlock>> GetVectors(
       const std::string& dataset, const std::vector<VectorCoord>& coords);
 
-  /// Connections made so far, and lent to blocks now (for tests).
-  int64_t connections_made() const;
-  int64_t connections_lent() const;
-
  private:
   struct Conn;
   struct Pool;  // shared with the blocks that hold a connection

@@ -312,14 +312,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(local.allow_gids, ResolveGroups(options.allow_groups));
     ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));
   }
+  // Who may use the side channels beside the Unix socket (shared memory,
+  // local queries): whom --allow-user/--allow-group let in.
+  const auto side_channel_admits = [local = d->local.get()](uid_t uid,
+                                                            gid_t gid) {
+    return local->Admits({0, uid, gid});
+  };
   if (!options.unix_socket.empty() && !options.disable_shared_memory) {
     ShmServiceOptions shm;
     shm.path = options.unix_socket + shm::kSocketSuffix;
     shm.mode = kSocketMode;
     shm.group = options.socket_group;
-    shm.admits = [local = d->local.get()](uid_t uid, gid_t gid) {
-      return local->Admits({0, uid, gid});
-    };
+    shm.admits = side_channel_admits;
     ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
   }
   if (!options.unix_socket.empty() && !options.disable_local_queries) {
@@ -337,9 +341,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                          static_cast<uint64_t>(options.max_vectors_per_call) *
                              local_query::kCoordBytes +
                          local_query::kOutAlign);
-    lq.admits = [local = d->local.get()](uid_t uid, gid_t gid) {
-      return local->Admits({0, uid, gid});
-    };
+    lq.admits = side_channel_admits;
     absl::StatusOr<std::unique_ptr<LocalQueryService>> started =
         LocalQueryService::Start(lq, &d->engine->queries(), &d->metrics);
     if (started.ok()) {

@@ -78,15 +78,13 @@ bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
 class LocalQueryService::Loop {
  public:
   Loop(const LocalQueryOptions& options, const QueryEngine* queries,
-       Metrics* metrics, UringRing ring, UniqueFd listen_fd, int stop_fd,
-       std::atomic<int64_t>* connections)
+       Metrics* metrics, UringRing ring, UniqueFd listen_fd, int stop_fd)
       : options_(options),
         queries_(queries),
         metrics_(metrics),
         ring_(std::move(ring)),
         listen_fd_(std::move(listen_fd)),
-        stop_fd_(stop_fd),
-        connections_(connections) {}
+        stop_fd_(stop_fd) {}
 
   void Run();
 
@@ -117,7 +115,6 @@ class LocalQueryService::Loop {
   UringRing ring_;
   UniqueFd listen_fd_;
   const int stop_fd_;
-  std::atomic<int64_t>* const connections_;
   const int64_t spin_ns_ = int64_t{options_.spin_us} * 1000;
   bool stopping_ = false;
   int busy_ = 0;  // connections with a request in service
@@ -183,7 +180,6 @@ void LocalQueryService::Loop::Run() {
   // Every read has completed: the regions can go. Closing the connections
   // and the listener (also when the ring failed) sends clients to gRPC.
   conns_.clear();
-  connections_->store(0);
   listen_fd_.Reset();
 }
 
@@ -227,7 +223,6 @@ void LocalQueryService::Loop::Accept() {
     } while (c->id == 0 || conns_.count(c->id) != 0);
     ArmPoll(*c);
     conns_[c->id] = std::move(c);
-    connections_->store(static_cast<int64_t>(conns_.size()));
   }
 }
 
@@ -372,7 +367,6 @@ void LocalQueryService::Loop::OnRequest(Conn& c, absl::string_view message) {
   ++busy_;
   c.reply = lq::Reply();
   c.reply.id = request.id;
-  c.error = absl::OkStatus();
   c.direct_bytes = 0;
   c.error = Plan(c, request);
   if (!c.error.ok() || c.remaining == 0) {
@@ -523,7 +517,6 @@ void LocalQueryService::Loop::Close(Conn& c) {
     return;
   }
   conns_.erase(c.id);
-  connections_->store(static_cast<int64_t>(conns_.size()));
 }
 
 LocalQueryService::LocalQueryService(LocalQueryOptions options)
@@ -544,9 +537,9 @@ absl::StatusOr<std::unique_ptr<LocalQueryService>> LocalQueryService::Start(
   const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return ErrnoToStatus(errno, "eventfd");
   s->stop_fd_.Reset(efd);
-  s->loop_ = std::make_unique<Loop>(s->options_, queries, metrics,
-                                    std::move(*ring), std::move(listen_fd),
-                                    s->stop_fd_.get(), &s->connections_);
+  s->loop_ =
+      std::make_unique<Loop>(s->options_, queries, metrics, std::move(*ring),
+                             std::move(listen_fd), s->stop_fd_.get());
   Loop* loop = s->loop_.get();
   s->thread_ = std::thread([loop] { loop->Run(); });
   LogInfo("local queries on ", s->options_.path);

@@ -27,7 +27,6 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -76,8 +75,6 @@ class LocalQueryService {
   /// Stops serving (reads in flight complete first) and removes the socket.
   ~LocalQueryService();
 
-  /// Connections open now.
-  int64_t connections() const { return connections_.load(); }
   const std::string& path() const { return options_.path; }
 
  private:
@@ -88,7 +85,6 @@ class LocalQueryService {
   std::unique_ptr<Loop> loop_;
   UniqueFd stop_fd_;  // eventfd: the destructor wakes the loop
   std::thread thread_;
-  std::atomic<int64_t> connections_{0};
 };
 
 }  // namespace shardcast

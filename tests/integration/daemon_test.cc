@@ -181,6 +181,14 @@ class DaemonTest : public ::testing::Test {
     return p;
   }
 
+  // Options whose GetVectors go through the local query socket (the
+  // default on a Unix socket) or, with `local` false, over gRPC.
+  static ClientOptions QueriesOver(bool local) {
+    ClientOptions options;
+    options.local_queries = local;
+    return options;
+  }
+
   std::unique_ptr<Client> Connect(const ClientOptions& options = {}) {
     auto c = Client::Connect("unix:" + socket_, options);
     EXPECT_TRUE(c.ok()) << c.status() << "\n"
@@ -261,9 +269,7 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
   }
   for (bool local : {true, false}) {  // the local query socket, then gRPC
     SCOPED_TRACE(local ? "local query socket" : "gRPC");
-    ClientOptions options;
-    options.local_queries = local;
-    auto client = Connect(options);
+    auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto block = client->GetVectors(main_id_, coords);
     ASSERT_TRUE(block.ok()) << block.status();
@@ -426,9 +432,7 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
       {"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
   for (bool local : {true, false}) {
     SCOPED_TRACE(local ? "local query socket" : "gRPC");
-    ClientOptions options;
-    options.local_queries = local;
-    auto client = Connect(options);
+    auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto code = [](const auto& r) { return r.status().code(); };
     EXPECT_EQ(code(client->GetVectors("0123456789abcdef", {{0, 6, 0}})),
@@ -477,9 +481,7 @@ TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
   ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
   for (bool local : {true, false}) {
     SCOPED_TRACE(local ? "local query socket" : "gRPC");
-    ClientOptions options;
-    options.local_queries = local;
-    auto client = Connect(options);
+    auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto r = client->GetVectors(main_id_, {{30, 6, 3}});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
@@ -643,9 +645,7 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
 // gets the generator's values, all of them on one VectorsSession call.
 TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
   daemon_ = StartDaemon();
-  ClientOptions grpc_only;
-  grpc_only.local_queries = false;
-  auto client = Connect(grpc_only);
+  auto client = Connect(QueriesOver(false));
   ASSERT_NE(client, nullptr);
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
@@ -730,9 +730,7 @@ TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
 // values.
 TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
   daemon_ = StartDaemon();
-  ClientOptions grpc_only;
-  grpc_only.local_queries = false;
-  std::unique_ptr<Client> clients[] = {Connect(grpc_only), Connect()};
+  std::unique_ptr<Client> clients[] = {Connect(QueriesOver(false)), Connect()};
   for (auto& client : clients) {
     ASSERT_NE(client, nullptr);
     ASSERT_TRUE(client->GetVectors(main_id_, {{2, 6, 3}}).ok());

@@ -132,6 +132,11 @@ def test_datasets_and_describe_match_the_metadata_files(start_daemon, datasets):
             assert client.describe(r.id[:8]) == info, name
 
 
+def _http_port(d):
+    """The port of the daemon's --http 127.0.0.1:0 endpoint, from its log."""
+    return int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", d.log.read_text()).group(1))
+
+
 @pytest.mark.parametrize("local", [True, False], ids=["local-socket", "grpc"])
 def test_get_vectors_equal_numpy(start_daemon, datasets, local):
     """get_vectors returns float32 [N, D] equal to numpy at the protocol
@@ -166,12 +171,10 @@ def test_local_queries_skip_grpc_grow_their_region_and_serve_threads(
     than a connection's first region (the client reconnects with a larger
     one) all equal numpy; errors carry the daemon's code and message, as
     over gRPC."""
-    import re
     import threading
     from sysprobe import evict, metric_samples
     d = start_daemon("--http", "127.0.0.1:0")
-    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)",
-                         d.log.read_text()).group(1))
+    port = _http_port(d)
     r = datasets.main
     files = sorted(str(p) for p in r.path.glob("acts*.bin"))
     rng = np.random.default_rng(31)
@@ -229,11 +232,9 @@ def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
     shards are evicted, or for more than 64 vectors, it goes to a worker. The
     values equal numpy on every path, and a bad coordinate is refused the
     same way on both."""
-    import re
     from sysprobe import evict, metric_samples
     d = start_daemon("--http", "127.0.0.1:0")
-    text = d.log.read_text()
-    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", text).group(1))
+    port = _http_port(d)
     r = datasets.main
     files = sorted(str(p) for p in r.path.glob("acts*.bin"))
     assert files, r.path
@@ -270,11 +271,9 @@ def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, dataset
     StreamVectors (shardcast_queries_streamed_total counts it) and, cold or
     cached, equals numpy in request order; one fewer is a unary call. A bad
     coordinate is refused the same way on both paths."""
-    import re
     from sysprobe import evict, metric_samples
     d = start_daemon("--http", "127.0.0.1:0")
-    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)",
-                         d.log.read_text()).group(1))
+    port = _http_port(d)
     r = datasets.main
     files = sorted(str(p) for p in r.path.glob("acts*.bin"))
     rng = np.random.default_rng(23)

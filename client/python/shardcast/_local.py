@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from shardcast._shm import unix_socket_path
+
 MAGIC = b"SCQ1"
 SOCKET_SUFFIX = ".query"
 OUT_ALIGN = 4096
@@ -34,11 +36,7 @@ FIRST_REGION_BYTES = (1 << 20) + 2 * OUT_ALIGN
 
 def socket_path(address):
     """The local query socket of a daemon at gRPC `address`, or None."""
-    if not address.startswith("unix:"):
-        return None
-    path = address[len("unix:"):]
-    if path.startswith("//"):
-        path = path[2:]
+    path = unix_socket_path(address)
     return path + SOCKET_SUFFIX if path else None
 
 

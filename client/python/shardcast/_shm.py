@@ -17,13 +17,20 @@ _REQUEST = struct.Struct("<4sIQ")  # magic, slots, slot_bytes
 _REPLY = struct.Struct("<4sIIIQQ16s")  # magic, code, slots, pad, slot, region, token
 
 
-def socket_path(address):
-    """The shared-memory socket of a daemon at gRPC `address`, or None."""
+def unix_socket_path(address):
+    """The path of gRPC `address` when it is a Unix socket ("unix:/path" or
+    "unix:///path"), or None."""
     if not address.startswith("unix:"):
         return None
     path = address[len("unix:"):]
     if path.startswith("//"):
         path = path[2:]
+    return path or None
+
+
+def socket_path(address):
+    """The shared-memory socket of a daemon at gRPC `address`, or None."""
+    path = unix_socket_path(address)
     return path + SOCKET_SUFFIX if path else None
 
 
