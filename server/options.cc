@@ -94,6 +94,11 @@ const std::vector<DaemonOption>& Table() {
        "thread looks for completions this long before it sleeps (sooner "
        "replies for some CPU; 0: never spin)",
        OptionKind::kInteger, &O::local_query_spin_us, 0, 10000},
+      {"local-query-threads", "local_query_threads", "N",
+       "threads serving the local query socket, each with its own io_uring "
+       "and a share of the connections (-1, the default: half the cores, at "
+       "least 2, at most 8)",
+       OptionKind::kInteger, &O::local_query_threads, -1, 64},
       {"max-vectors-per-call", "max_vectors_per_call", "N",
        "queries asking for more vectors are RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_vectors_per_call, 1,
@@ -350,14 +355,29 @@ std::string DefaultText(const DaemonOption& o) {
 
 int DefaultQueryThreads(int cores) { return std::clamp(cores / 2, 4, 16); }
 
-int DaemonOptions::QueryThreads() const {
-  if (query_threads > 0) return static_cast<int>(query_threads);
+int DefaultLocalQueryThreads(int cores) { return std::clamp(cores / 2, 2, 8); }
+
+namespace {
+
+// The cores in this process's CPU affinity mask.
+int AllowedCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0
-                        ? CPU_COUNT(&set)
-                        : static_cast<int>(std::thread::hardware_concurrency());
-  return DefaultQueryThreads(cores);
+  return ::sched_getaffinity(0, sizeof(set), &set) == 0
+             ? CPU_COUNT(&set)
+             : static_cast<int>(std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+int DaemonOptions::QueryThreads() const {
+  if (query_threads > 0) return static_cast<int>(query_threads);
+  return DefaultQueryThreads(AllowedCores());
+}
+
+int DaemonOptions::LocalQueryThreads() const {
+  if (local_query_threads > 0) return static_cast<int>(local_query_threads);
+  return DefaultLocalQueryThreads(AllowedCores());
 }
 
 EngineOptions DaemonOptions::Engine() const {
@@ -469,6 +489,11 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
     return absl::InvalidArgumentError(
         "--query-threads must be at least 1 (or -1: half the cores, at least "
         "4, at most 16)");
+  }
+  if (options.local_query_threads == 0) {
+    return absl::InvalidArgumentError(
+        "--local-query-threads must be at least 1 (or -1: half the cores, at "
+        "least 2, at most 8)");
   }
   if (options.roots.empty()) {
     return absl::InvalidArgumentError("no dataset root given (--root DIR)");

@@ -61,7 +61,10 @@ struct DaemonOptions {
   /// this process may run on.
   int64_t query_threads = -1;
   /// LocalQueryOptions::spin_us (server/transport/local_query_service.h).
-  int64_t local_query_spin_us = 60;
+  int64_t local_query_spin_us = 0;
+  /// LocalQueryOptions::threads; -1: DefaultLocalQueryThreads of the cores
+  /// this process may run on.
+  int64_t local_query_threads = -1;
   // Requests for more are refused; larger request messages are refused
   // before parsing (limits::RequestMessageLimit).
   int64_t max_vectors_per_call = 1 << 16;
@@ -105,6 +108,8 @@ struct DaemonOptions {
   /// query_threads, with -1 resolved for the cores in this process's CPU
   /// affinity mask (a Slurm or cgroup job's share, not the whole machine).
   int QueryThreads() const;
+  /// local_query_threads, -1 resolved the same way.
+  int LocalQueryThreads() const;
 };
 
 /// Half the cores, at least 4, at most 16. Measured on 16 cores (RESULTS.md,
@@ -112,6 +117,15 @@ struct DaemonOptions {
 /// GB/s together from 4 threads to 8-16, each of the 4 busy 100 % writing
 /// batches into sockets; one stream moved no differently.
 int DefaultQueryThreads(int cores);
+
+/// Half the cores, at least 2, at most 8. One thread answers one call in
+/// ~6-10 us, and calls whose reads complete together wait their turn: 16
+/// client threads' cold single-vector calls went from 0.70-0.74 to
+/// 0.73-0.93 x fio qd16 on 2 cores with 2 threads (not spinning), and on
+/// 16 cores from 0.63-0.66 x with one thread to 0.79-0.80 with 4 and
+/// 0.80-0.90 with 8 (tests/bench/RESULTS.md, "Several local query
+/// threads").
+int DefaultLocalQueryThreads(int cores);
 
 /// How a setting's value is written.
 enum class OptionKind {

@@ -253,19 +253,8 @@ TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
   EXPECT_FALSE(ValidateDaemonOptions(o).ok());
 }
 
-TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
-  EXPECT_EQ(DefaultQueryThreads(1), 4);
-  EXPECT_EQ(DefaultQueryThreads(2), 4);
-  EXPECT_EQ(DefaultQueryThreads(9), 4);
-  EXPECT_EQ(DefaultQueryThreads(10), 5);
-  EXPECT_EQ(DefaultQueryThreads(16), 8);
-  EXPECT_EQ(DefaultQueryThreads(32), 16);
-  EXPECT_EQ(DefaultQueryThreads(128), 16);
-  DaemonOptions o;
-  o.roots = {"/data"};
-  o.unix_socket = "/run/s.sock";
-  EXPECT_EQ(o.query_threads, -1);
-  // The cores this process may use, from /proc (independent of sched.h).
+// The cores this process may use, from /proc (independent of sched.h).
+int CoresFromProc() {
   std::ifstream status("/proc/self/status");
   std::string line;
   int cores = 0;
@@ -281,6 +270,22 @@ TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
                          std::stoi(range.substr(0, dash)) + 1;
     }
   }
+  return cores;
+}
+
+TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
+  EXPECT_EQ(DefaultQueryThreads(1), 4);
+  EXPECT_EQ(DefaultQueryThreads(2), 4);
+  EXPECT_EQ(DefaultQueryThreads(9), 4);
+  EXPECT_EQ(DefaultQueryThreads(10), 5);
+  EXPECT_EQ(DefaultQueryThreads(16), 8);
+  EXPECT_EQ(DefaultQueryThreads(32), 16);
+  EXPECT_EQ(DefaultQueryThreads(128), 16);
+  DaemonOptions o;
+  o.roots = {"/data"};
+  o.unix_socket = "/run/s.sock";
+  EXPECT_EQ(o.query_threads, -1);
+  const int cores = CoresFromProc();
   ASSERT_GT(cores, 0);
   EXPECT_EQ(o.QueryThreads(), std::clamp(cores / 2, 4, 16));
   o.query_threads = 3;
@@ -291,6 +296,34 @@ TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
             std::string::npos)
       << zero;
   EXPECT_FALSE(ParseDaemonOptions({"--query-threads", "-2"}).ok());
+}
+
+TEST_F(OptionsTest, LocalQueryThreadsDefaultToHalfTheCoresBetween2And8) {
+  EXPECT_EQ(DefaultLocalQueryThreads(1), 2);
+  EXPECT_EQ(DefaultLocalQueryThreads(2), 2);
+  EXPECT_EQ(DefaultLocalQueryThreads(5), 2);
+  EXPECT_EQ(DefaultLocalQueryThreads(6), 3);
+  EXPECT_EQ(DefaultLocalQueryThreads(16), 8);
+  EXPECT_EQ(DefaultLocalQueryThreads(128), 8);
+  DaemonOptions o;
+  o.roots = {"/data"};
+  o.unix_socket = "/run/s.sock";
+  EXPECT_EQ(o.local_query_threads, -1);
+  const int cores = CoresFromProc();
+  ASSERT_GT(cores, 0);
+  EXPECT_EQ(o.LocalQueryThreads(), std::clamp(cores / 2, 2, 8));
+  absl::StatusOr<DaemonOptions> parsed =
+      ParseDaemonOptions({"--root", "/data", "--listen", "unix:/run/s.sock",
+                          "--local-query-threads", "3"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->LocalQueryThreads(), 3);
+  o.local_query_threads = 0;
+  absl::Status zero = ValidateDaemonOptions(o);
+  EXPECT_NE(zero.message().find("--local-query-threads must be at least 1"),
+            std::string::npos)
+      << zero;
+  EXPECT_FALSE(ParseDaemonOptions({"--local-query-threads", "-2"}).ok());
+  EXPECT_FALSE(ParseDaemonOptions({"--local-query-threads", "65"}).ok());
 }
 
 TEST_F(OptionsTest, IncoherentTlsFlagsAreUsageErrors) {

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/query_protocol.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
@@ -32,6 +35,10 @@ namespace lq = local_query;
 // is its poll, sub i + 1 the read of its request's vector i.
 constexpr uint64_t kStopTag = 0;
 constexpr uint64_t kListenTag = 1;
+constexpr uint64_t kWakeTag = 2;  // connections handed over by the first loop
+
+// Connections past max_connections waiting to be told so (at their hello).
+constexpr int kRefusedSlack = 64;
 constexpr uint64_t Tag(uint32_t id, uint64_t sub) {
   return (static_cast<uint64_t>(id) << 32) | sub;
 }
@@ -40,6 +47,7 @@ constexpr uint64_t Tag(uint32_t id, uint64_t sub) {
 struct Conn {
   uint32_t id = 0;
   UniqueFd fd;
+  std::atomic<int>* open = nullptr;  // the service's count, once counted
   pid_t pid = 0;
   uid_t uid = 0;
   absl::Status refusal;  // not OK: the answer to its hello
@@ -60,6 +68,7 @@ struct Conn {
   Conn& operator=(const Conn&) = delete;
   ~Conn() {
     if (base != nullptr) ::munmap(base, bytes);
+    if (open != nullptr) open->fetch_sub(1, std::memory_order_relaxed);
   }
 };
 
@@ -77,16 +86,35 @@ bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
 
 class LocalQueryService::Loop {
  public:
+  // `listen_fd` is valid for the first loop only: it accepts, and hands
+  // each connection to `loops` (this one among them) in turn. `open`
+  // counts the connections of all loops.
   Loop(const LocalQueryOptions& options, const QueryEngine* queries,
-       Metrics* metrics, UringRing ring, UniqueFd listen_fd, int stop_fd)
+       Metrics* metrics, UringRing ring, UniqueFd listen_fd, int stop_fd,
+       UniqueFd wake_fd, std::atomic<int>* open,
+       const std::vector<std::unique_ptr<Loop>>* loops)
       : options_(options),
         queries_(queries),
         metrics_(metrics),
         ring_(std::move(ring)),
         listen_fd_(std::move(listen_fd)),
-        stop_fd_(stop_fd) {}
+        stop_fd_(stop_fd),
+        wake_fd_(std::move(wake_fd)),
+        open_(open),
+        loops_(loops) {}
 
   void Run();
+
+  // Takes a connection the first loop accepted (from that loop's thread).
+  void Adopt(std::unique_ptr<Conn> c) ABSL_LOCKS_EXCLUDED(inbox_mu_) {
+    {
+      MutexLock lock(&inbox_mu_);
+      inbox_.push_back(std::move(c));
+    }
+    const uint64_t one = 1;
+    ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+    (void)n;  // a full counter is already readable
+  }
 
  private:
   // Queues a submission, flushing the queue to the kernel when it is full.
@@ -98,6 +126,9 @@ class LocalQueryService::Loop {
     Queue([&] { return ring_.PreparePoll(c.fd.get(), POLLIN, Tag(c.id, 0)); });
   }
   void Accept();
+  // Serves c from now on: its id, its poll.
+  void Insert(std::unique_ptr<Conn> c);
+  void TakeInbox() ABSL_LOCKS_EXCLUDED(inbox_mu_);
   void OnPoll(Conn& c, int res);
   void OnHello(Conn& c, absl::string_view message, int region_fd);
   void OnRequest(Conn& c, absl::string_view message);
@@ -115,6 +146,12 @@ class LocalQueryService::Loop {
   UringRing ring_;
   UniqueFd listen_fd_;
   const int stop_fd_;
+  const UniqueFd wake_fd_;  // eventfd: the inbox has connections
+  std::atomic<int>* const open_;
+  const std::vector<std::unique_ptr<Loop>>* const loops_;
+  size_t next_loop_ = 0;  // the loop the next accepted connection goes to
+  Mutex inbox_mu_;
+  std::vector<std::unique_ptr<Conn>> inbox_ ABSL_GUARDED_BY(inbox_mu_);
   const int64_t spin_ns_ = int64_t{options_.spin_us} * 1000;
   bool stopping_ = false;
   int busy_ = 0;  // connections with a request in service
@@ -127,8 +164,12 @@ class LocalQueryService::Loop {
 
 void LocalQueryService::Loop::Run() {
   Queue([&] { return ring_.PreparePoll(stop_fd_, POLLIN, kStopTag); });
-  Queue(
-      [&] { return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag); });
+  Queue([&] { return ring_.PreparePoll(wake_fd_.get(), POLLIN, kWakeTag); });
+  if (listen_fd_.valid()) {
+    Queue([&] {
+      return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag);
+    });
+  }
   std::vector<std::pair<uint64_t, int>> events;
   // Once stopping, only the reads in flight are waited for: they write into
   // regions that are unmapped when their connections go.
@@ -161,6 +202,14 @@ void LocalQueryService::Loop::Run() {
         Accept();
         Queue([&] {
           return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag);
+        });
+        continue;
+      }
+      if (tag == kWakeTag) {
+        if (stopping_) continue;
+        TakeInbox();
+        Queue([&] {
+          return ring_.PreparePoll(wake_fd_.get(), POLLIN, kWakeTag);
         });
         continue;
       }
@@ -204,26 +253,49 @@ void LocalQueryService::Loop::Accept() {
         ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
     c->pid = cred.pid;
     c->uid = cred.uid;
+    // A refused connection is answered when its hello comes: closed now,
+    // with its hello unread, the client would get ECONNRESET instead of the
+    // reason. Far past the limit (clients that never say hello), closed.
+    const int open = open_->load(std::memory_order_relaxed);
+    if (open >= options_.max_connections + kRefusedSlack) continue;
     if (options_.admits && !(known && options_.admits(cred.uid, cred.gid))) {
-      // Answered when its hello comes: closing now would lose the reason.
       c->refusal = absl::PermissionDeniedError(
           "this user may not use shardcastd: not in --allow-user / "
           "--allow-group");
-    } else if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      lq::HelloReply reply;
-      reply.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
-      reply.message = absl::StrCat(
-          "the daemon has ", conns_.size(),
-          " local query connections open, its limit; try again later");
-      SendMessage(fd, reply.Encode());
-      continue;  // c closes the descriptor
+    } else if (open >= options_.max_connections) {
+      c->refusal = absl::UnavailableError(absl::StrCat(
+          "the daemon has ", open,
+          " local query connections open, its limit; try again later"));
     }
-    do {  // ids wrap after 2^32 connections; skip those still open
-      c->id = next_id_++;
-    } while (c->id == 0 || conns_.count(c->id) != 0);
-    ArmPoll(*c);
-    conns_[c->id] = std::move(c);
+    open_->fetch_add(1, std::memory_order_relaxed);
+    c->open = open_;
+    Loop* to = (*loops_)[next_loop_++ % loops_->size()].get();
+    if (to == this) {
+      Insert(std::move(c));
+    } else {
+      to->Adopt(std::move(c));
+    }
   }
+}
+
+void LocalQueryService::Loop::Insert(std::unique_ptr<Conn> c) {
+  do {  // ids wrap after 2^32 connections; skip those still open
+    c->id = next_id_++;
+  } while (c->id == 0 || conns_.count(c->id) != 0);
+  ArmPoll(*c);
+  conns_[c->id] = std::move(c);
+}
+
+void LocalQueryService::Loop::TakeInbox() {
+  uint64_t count;
+  ssize_t n = ::read(wake_fd_.get(), &count, sizeof(count));
+  (void)n;  // EAGAIN: another wake-up took it; the inbox is checked anyway
+  std::vector<std::unique_ptr<Conn>> taken;
+  {
+    MutexLock lock(&inbox_mu_);
+    taken.swap(inbox_);
+  }
+  for (std::unique_ptr<Conn>& c : taken) Insert(std::move(c));
 }
 
 void LocalQueryService::Loop::OnPoll(Conn& c, int res) {
@@ -526,10 +598,15 @@ absl::StatusOr<std::unique_ptr<LocalQueryService>> LocalQueryService::Start(
     LocalQueryOptions options, const QueryEngine* queries, Metrics* metrics) {
   std::unique_ptr<LocalQueryService> s(
       new LocalQueryService(std::move(options)));
-  absl::StatusOr<UringRing> ring = UringRing::Create(s->options_.queue_depth);
-  if (!ring.ok()) {
-    return absl::UnimplementedError(
-        absl::StrCat("no io_uring: ", ring.status().message()));
+  const int threads = std::max(1, s->options_.threads);
+  std::vector<UringRing> rings;
+  for (int i = 0; i < threads; ++i) {
+    absl::StatusOr<UringRing> ring = UringRing::Create(s->options_.queue_depth);
+    if (!ring.ok()) {
+      return absl::UnimplementedError(
+          absl::StrCat("no io_uring: ", ring.status().message()));
+    }
+    rings.push_back(std::move(*ring));
   }
   ASSIGN_OR_RETURN(UniqueFd listen_fd,
                    ListenUnix(s->options_.path, SOCK_SEQPACKET,
@@ -537,12 +614,19 @@ absl::StatusOr<std::unique_ptr<LocalQueryService>> LocalQueryService::Start(
   const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return ErrnoToStatus(errno, "eventfd");
   s->stop_fd_.Reset(efd);
-  s->loop_ =
-      std::make_unique<Loop>(s->options_, queries, metrics, std::move(*ring),
-                             std::move(listen_fd), s->stop_fd_.get());
-  Loop* loop = s->loop_.get();
-  s->thread_ = std::thread([loop] { loop->Run(); });
-  LogInfo("local queries on ", s->options_.path);
+  for (int i = 0; i < threads; ++i) {
+    UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
+    s->loops_.push_back(std::make_unique<Loop>(
+        s->options_, queries, metrics, std::move(rings[i]),
+        i == 0 ? std::move(listen_fd) : UniqueFd(), s->stop_fd_.get(),
+        std::move(wake), &s->open_, &s->loops_));
+  }
+  for (const std::unique_ptr<Loop>& loop : s->loops_) {
+    s->threads_.emplace_back([l = loop.get()] { l->Run(); });
+  }
+  LogInfo("local queries on ", s->options_.path, " (", threads, " thread",
+          threads == 1 ? "" : "s", ")");
   return s;
 }
 
@@ -550,8 +634,8 @@ LocalQueryService::~LocalQueryService() {
   const uint64_t one = 1;
   ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
   (void)n;
-  if (thread_.joinable()) thread_.join();
-  loop_.reset();
+  for (std::thread& t : threads_) t.join();
+  loops_.clear();  // after every thread: a loop may hand another connections
   ::unlink(options_.path.c_str());
 }
 

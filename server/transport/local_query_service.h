@@ -9,12 +9,13 @@
 // where the dataset allows it) into a memfd region the client handed over
 // when it connected, and the coordinates come through that region too.
 //
-// One thread serves every connection from one io_uring: it polls the
-// sockets, plans each request's reads (QueryEngine::PlanVectorReads),
-// submits them with those of every other request in flight, and answers
-// each request when its last read completes. The reads of all clients are
-// in flight together, as fio's are at the matching queue depth; no call
-// waits on another's reads.
+// A few threads (LocalQueryOptions::threads) serve the connections, each
+// from its own io_uring: the first accepts and hands each new connection
+// to the threads in turn. A thread polls its sockets, plans each request's
+// reads (QueryEngine::PlanVectorReads), submits them with those of every
+// other request it has in flight, and answers each request when its last
+// read completes. The reads of all clients are in flight together, as
+// fio's are at the matching queue depth; no call waits on another's reads.
 //
 // Safety: a region must be a memfd sealed against shrinking (checked before
 // it is mapped), so no write of the daemon can fault; its size is capped.
@@ -27,11 +28,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/file.h"
@@ -53,16 +56,24 @@ struct LocalQueryOptions {
   std::function<bool(uid_t, gid_t)> admits;
   /// Reads the ring may have in flight; more wait for a slot.
   unsigned queue_depth = 1024;
-  /// With two or more calls in service and reads on the disk, the thread
+  /// With two or more calls in service and reads on the disk, a thread
   /// checks for completions for up to this long before it sleeps. A
   /// sleeping thread, and the idle CPU it leaves, wake up late (tens of
-  /// microseconds on a VM): on the 2-core VM, 16 client threads' cold
-  /// single-vector calls went from 33-38 K to 49-53 K calls/s with 60 us
-  /// (tests/bench/RESULTS.md). A lone caller never makes it spin. 0: never.
-  unsigned spin_us = 60;
+  /// microseconds on a VM). With one thread, on the 2-core VM, 16 client
+  /// threads' cold single-vector calls went from 33-38 K to 49-53 K calls/s
+  /// with 60 us; with two or four threads, spinning ones take the CPU from
+  /// each other and the clients (65-69 K against 80-83 K without), so the
+  /// daemon's default is 0 (tests/bench/RESULTS.md). A lone caller never
+  /// makes a thread spin. 0: never.
+  unsigned spin_us = 0;
+  /// Threads serving the socket. One thread answers a call in ~6-10 us of
+  /// its time, and calls whose reads complete together wait their turn:
+  /// on the 16-core machine one thread kept ~10 of 16 client threads' reads
+  /// on the disk (tests/bench/RESULTS.md, "Several local query threads").
+  int threads = 1;
 };
 
-/// Serves the local query socket on its own thread until destroyed.
+/// Serves the local query socket on its own threads until destroyed.
 class LocalQueryService {
  public:
   /// Creates the socket (removing a stale one: the caller holds the daemon
@@ -82,9 +93,11 @@ class LocalQueryService {
   explicit LocalQueryService(LocalQueryOptions options);
 
   const LocalQueryOptions options_;
-  std::unique_ptr<Loop> loop_;
-  UniqueFd stop_fd_;  // eventfd: the destructor wakes the loop
-  std::thread thread_;
+  // Connections open across the loops (against max_connections).
+  std::atomic<int> open_{0};
+  std::vector<std::unique_ptr<Loop>> loops_;
+  UniqueFd stop_fd_;  // eventfd: the destructor wakes every loop
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace shardcast

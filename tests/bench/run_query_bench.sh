@@ -22,7 +22,8 @@
 #                  qd64 on the same reads)
 #   CONC           client threads of the concurrent cold run (default 16)
 #   PAIRS          alternating pairs of the 256/call phase and its fio
-#                  reference (default 3; 0: none)
+#                  reference, and of the $CONC-thread phase and its own
+#                  (default 3; 0: none)
 #   QUERY_ARGS     more query_bench flags for every phase, e.g. --no-local
 #                  (GetVectors over gRPC instead of the local query socket)
 #   COLD_SHARE     a cold phase reads at most 1/COLD_SHARE of the dataset's
@@ -208,10 +209,13 @@ run_fio "buffered_qd${FIO_QD}_nohint_same" 0 "$FIO_QD" io_uring 0 "$deep_bytes"
 run_fio "direct_qd${FIO_QD}_same" 1 "$FIO_QD" io_uring 0 "$deep_bytes"
 run_fio "buffered_qd${CONC}_nohint_same" 0 "$CONC" io_uring 0 "$conc_bytes"
 
-# The 256/call phase again, each time followed at once by its fio reference:
-# measured minutes apart, the two see different disks.
+# The 256/call and the $CONC-thread phases again, each time followed at once
+# by its fio reference: measured minutes apart, the two see different disks
+# (on the 2-core VM the 16-thread row read 0.75-0.92 over six runs in 10
+# minutes against one fio run each, as fio qd16 went 49-93 K).
 if (( PAIRS > 0 )); then
-  echo "== cold 256/call, then fio qd$FIO_QD no hint on as many reads: $PAIRS pairs"
+  echo "== cold 256/call, then fio qd$FIO_QD no hint on as many reads;" \
+       "cold 1 vector from $CONC threads, then fio qd$CONC: $PAIRS pairs"
   for p in $(seq "$PAIRS"); do
     cold "pair${p}_batch_keep" --mode batch --batch 256 --batch-calls "$BATCH_CALLS" --malloc-keep
     # Not inside run_fio's arguments: a failed payload must stop the script,
@@ -219,6 +223,10 @@ if (( PAIRS > 0 )); then
     pair_bytes=$(payload "$OUT/pair${p}_batch_keep.json" batch)
     run_fio "buffered_qd${FIO_QD}_nohint_pair$p" 0 "$FIO_QD" io_uring 0 "$pair_bytes"
     run_fio "direct_qd${FIO_QD}_pair$p" 1 "$FIO_QD" io_uring 0 "$pair_bytes"
+    cold "pair${p}_conc" --mode single --calls "$COLD_VECTORS" --threads "$CONC"
+    pair_bytes=$(payload "$OUT/pair${p}_conc.json" single)
+    run_fio "buffered_qd${CONC}_nohint_pair$p" 0 "$CONC" io_uring 0 "$pair_bytes"
+    run_fio "direct_qd${CONC}_pair$p" 1 "$CONC" io_uring 0 "$pair_bytes"
   done
 fi
 
@@ -287,6 +295,15 @@ for p in range(1, npairs + 1):
     pairs.append({"shardcast": B(load(f"pair{p}_batch_keep.json")), "fio": fio[ref], "fio_job": ref,
                   "fio_buffered": fio.get(f"buffered_qd{qd}_nohint_pair{p}"),
                   "fio_direct": fio.get(f"direct_qd{qd}_pair{p}")})
+# The concurrent pairs: the reference is buffered without the hint (the
+# issue's "no fadvise hint"); O_DIRECT on the same reads is printed beside.
+conc_pairs = []
+for p in range(1, npairs + 1):
+    if not os.path.exists(os.path.join(out, f"pair{p}_conc.json")):
+        continue
+    conc_pairs.append({"shardcast": load(f"pair{p}_conc.json")["single"]["iops_4k_equiv"],
+                       "fio": fio[f"buffered_qd{conc}_nohint_pair{p}"],
+                       "fio_direct": fio.get(f"direct_qd{conc}_pair{p}")})
 if pairs:
     ratios = [x["shardcast"] / x["fio"] for x in pairs]
     r = statistics.median(ratios)
@@ -295,6 +312,20 @@ if pairs:
           f"{f'faster of qd{qd} pair*':>28}{statistics.median(x['fio'] for x in pairs):>10.0f}"
           f"{r:>7.2f}  >= 0.8: {'met' if r >= 0.8 else 'NOT met'} (median of "
           + " / ".join(f"{x:.2f}" for x in ratios) + ")")
+if conc_pairs:
+    ratios = [x["shardcast"] / x["fio"] for x in conc_pairs]
+    r = statistics.median(ratios)
+    print(f"{f'cold 1 vec/call, {conc} threads, paired':<40}"
+          f"{statistics.median(x['shardcast'] for x in conc_pairs):>10.0f}"
+          f"{f'buffered_qd{conc}_nohint_pair*':>28}{statistics.median(x['fio'] for x in conc_pairs):>10.0f}"
+          f"{r:>7.2f}  >= 0.8: {'met' if r >= 0.8 else 'NOT met'} (median of "
+          + " / ".join(f"{x:.2f}" for x in ratios) + ")")
+    if all(x["fio_direct"] for x in conc_pairs):
+        d = [x["shardcast"] / x["fio_direct"] for x in conc_pairs]
+        print(f"{'  same vs O_DIRECT, same reads':<40}"
+              f"{statistics.median(x['shardcast'] for x in conc_pairs):>10.0f}"
+              f"{f'direct_qd{conc}_pair*':>28}{statistics.median(x['fio_direct'] for x in conc_pairs):>10.0f}"
+              f"{statistics.median(d):>7.2f}  (median of " + " / ".join(f"{x:.2f}" for x in d) + ")")
 print()
 print(f"fio jobs named *_same read as many blocks as the --malloc-keep 256/call phase (qd{qd}) "
       f"and the {conc}-thread phase (qd{conc})")
@@ -338,7 +369,7 @@ print(f"values checked against the synth formula: {'all equal' if bad == 0 else 
 print(f"total time {secs} s; load average at the end: {open('/proc/loadavg').read().split()[:3]}")
 json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
            "fio_qd": int(qd), "conc": int(conc), "fio_iops": fio, "cold_single": cs, "cold_batch": cb,
-           "cold_batch_keep": ck, "pairs": pairs, "cold_single_conc": cc,
+           "cold_batch_keep": ck, "pairs": pairs, "conc_pairs": conc_pairs, "cold_single_conc": cc,
            "cold_single_conc_alone": ca, "unary_conc": unary, "warm": w,
            "warm_batch_keep": wk},
           open(os.path.join(os.path.dirname(out), "results.json"), "w"), indent=1)

@@ -1162,6 +1162,76 @@ TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
   EXPECT_EQ(r->values[30], Expected(6, 0, 4, 30));
 }
 
+// With several local query threads, the first accepts and hands the
+// connections to all of them in turn: sixteen client threads each get
+// their own rows with no gRPC query; the connection limit counts the
+// connections of every thread, and one closed on any thread frees a place.
+TEST_F(DaemonTest, SeveralLocalQueryThreadsShareTheConnections) {
+  daemon_ = StartDaemon({"--local-query-threads", "3"});
+  {
+    auto client = Connect();
+    ASSERT_NE(client, nullptr);
+    const SharedCallsOutcome out = RunThreadsOfOneClient(
+        client.get(), main_id_, 16, 40, 5, true, &Expected);
+    EXPECT_EQ(out.wrong_rows, 0);
+    EXPECT_EQ(out.wrong_results, 0);
+    const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
+    EXPECT_NE(log.find("local queries on " + socket_ + ".query (3 threads)"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("call /shardcast.v1.Query/"), std::string::npos);
+  }
+  daemon_.reset();
+  daemon_ =
+      StartDaemon({"--local-query-threads", "3", "--max-connections", "4"});
+  ASSERT_NE(Connect(), nullptr);  // the daemon is up
+  const std::string path = socket_ + ".query";
+  // Four connections: the first thread's, the second's, the third's, the
+  // first's again; each answers a call with the generator's values.
+  std::vector<std::unique_ptr<RawQueryConnection>> open;
+  for (int64_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    open.push_back(std::make_unique<RawQueryConnection>(path));
+    RawQueryConnection& c = *open.back();
+    c.MakeRegion(1 << 16, true);
+    ASSERT_EQ(c.Hello(1 << 16).code, 0u);
+    auto reply = c.Ask(main_id_, {{i, 6, i}}, 0, 4096, 1);
+    ASSERT_EQ(reply.code, 0u) << reply.message;
+    float v;
+    std::memcpy(&v, c.base() + 4096 + 7 * 4, 4);
+    EXPECT_EQ(v, Expected(i, 1, i, 7));
+  }
+  {
+    RawQueryConnection fifth(path);
+    fifth.MakeRegion(1 << 16, true);
+    auto reply = fifth.Hello(1 << 16);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code),
+              absl::StatusCode::kUnavailable);
+    EXPECT_NE(reply.message.find("4 local query connections open"),
+              std::string::npos)
+        << reply.message;
+  }
+  // The second connection (served by the second thread) goes; the count the
+  // first thread checks falls once the second has seen it close.
+  open.erase(open.begin() + 1);
+  bool admitted = false;
+  for (int attempt = 0; attempt < 100 && !admitted; ++attempt) {
+    RawQueryConnection next(path);
+    next.MakeRegion(1 << 16, true);
+    admitted = next.Hello(1 << 16).code == 0;
+    if (admitted) {
+      auto reply = next.Ask(main_id_, {{9, -2, 3}}, 0, 4096, 1);
+      ASSERT_EQ(reply.code, 0u) << reply.message;
+      float v;
+      std::memcpy(&v, next.base() + 4096, 4);
+      EXPECT_EQ(v, Expected(9, 0, 3, 0));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  EXPECT_TRUE(admitted);
+}
+
 TEST_F(DaemonTest, SighupRescansTheRoots) {
   daemon_ = StartDaemon();
   auto client = Connect();
