@@ -122,9 +122,11 @@ class LocalQueryService::Loop {
   void Queue(F prepare) {
     while (!prepare()) ring_.SubmitAndWait(0);
   }
-  void ArmPoll(Conn& c) {
-    Queue([&] { return ring_.PreparePoll(c.fd.get(), POLLIN, Tag(c.id, 0)); });
+  // One completion (tagged `tag`) when `fd` is readable.
+  void Poll(int fd, uint64_t tag) {
+    Queue([&] { return ring_.PreparePoll(fd, POLLIN, tag); });
   }
+  void ArmPoll(Conn& c) { Poll(c.fd.get(), Tag(c.id, 0)); }
   void Accept();
   // Serves c from now on: its id, its poll.
   void Insert(std::unique_ptr<Conn> c);
@@ -163,13 +165,9 @@ class LocalQueryService::Loop {
 };
 
 void LocalQueryService::Loop::Run() {
-  Queue([&] { return ring_.PreparePoll(stop_fd_, POLLIN, kStopTag); });
-  Queue([&] { return ring_.PreparePoll(wake_fd_.get(), POLLIN, kWakeTag); });
-  if (listen_fd_.valid()) {
-    Queue([&] {
-      return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag);
-    });
-  }
+  Poll(stop_fd_, kStopTag);
+  Poll(wake_fd_.get(), kWakeTag);
+  if (listen_fd_.valid()) Poll(listen_fd_.get(), kListenTag);
   std::vector<std::pair<uint64_t, int>> events;
   // Once stopping, only the reads in flight are waited for: they write into
   // regions that are unmapped when their connections go.
@@ -200,17 +198,13 @@ void LocalQueryService::Loop::Run() {
       if (tag == kListenTag) {
         if (stopping_) continue;
         Accept();
-        Queue([&] {
-          return ring_.PreparePoll(listen_fd_.get(), POLLIN, kListenTag);
-        });
+        Poll(listen_fd_.get(), kListenTag);
         continue;
       }
       if (tag == kWakeTag) {
         if (stopping_) continue;
         TakeInbox();
-        Queue([&] {
-          return ring_.PreparePoll(wake_fd_.get(), POLLIN, kWakeTag);
-        });
+        Poll(wake_fd_.get(), kWakeTag);
         continue;
       }
       const uint64_t sub = tag & 0xffffffffu;
