@@ -40,6 +40,18 @@ def verdict(ok):
     return "met" if ok else "NOT met"
 
 
+def paired_row(label, pairs, key="fio", target=True):
+    """A report row for alternating pairs of a query phase and its fio
+    reference (run_query_bench.sh PAIRS): the median of the pairs' ratios,
+    against >= 0.8 when `target`; without, no rate and no verdict."""
+    ratios = [p["shardcast"] / p[key] for p in pairs]
+    pr = statistics.median(ratios)
+    rate = f"{statistics.median(p['shardcast'] for p in pairs):.0f} vec/s" if target else ""
+    return (label, rate, f"fio {statistics.median(p[key] for p in pairs):.0f} IOPS; pairs "
+            + " / ".join(f"{r:.2f}" for r in ratios), pr,
+            ">= 0.8" if target else "", verdict(pr >= 0.8) if target else "")
+
+
 def cold_rows(out, trainers):
     names = [("l1of2", "1 layer of 2, content"), ("l1of4", "1 layer of 4, content"),
              ("all2", "all layers of 2, content"), ("l1of2-alltok", "1 layer of 2, all tokens")]
@@ -162,27 +174,17 @@ def query_rows(out, query_dir, repeat):
         # As the 256/call pairs: each concurrent phase followed at once by
         # fio at its depth, buffered without the hint (the verdict) and
         # O_DIRECT (beside it).
-        ratios = [p["shardcast"] / p["fio"] for p in conc_pairs]
-        pr = statistics.median(ratios)
-        rows.append((f"  paired: each phase then fio qd{conc_n} no hint at once, median of {len(conc_pairs)}",
-                     f"{statistics.median(p['shardcast'] for p in conc_pairs):.0f} vec/s",
-                     f"fio {statistics.median(p['fio'] for p in conc_pairs):.0f} IOPS; pairs "
-                     + " / ".join(f"{r:.2f}" for r in ratios), pr, ">= 0.8", verdict(pr >= 0.8)))
+        rows.append(paired_row(f"  paired: each phase then fio qd{conc_n} no hint at once, "
+                               f"median of {len(conc_pairs)}", conc_pairs))
         if all(p.get("fio_direct") for p in conc_pairs):
-            d = [p["shardcast"] / p["fio_direct"] for p in conc_pairs]
-            rows.append((f"  the same pairs against fio qd{conc_n} O_DIRECT", "",
-                         f"fio {statistics.median(p['fio_direct'] for p in conc_pairs):.0f} IOPS; pairs "
-                         + " / ".join(f"{r:.2f}" for r in d), statistics.median(d), "", ""))
+            rows.append(paired_row(f"  the same pairs against fio qd{conc_n} O_DIRECT",
+                                   conc_pairs, key="fio_direct", target=False))
     if pairs:
         # The unary bound below then uses the pairs' medians too.
         batch = statistics.median(p["shardcast"] for p in pairs)
         deep_iops = statistics.median(p["fio"] for p in pairs)
-        ratios = [p["shardcast"] / p["fio"] for p in pairs]
-        pr = statistics.median(ratios)
-        rows.insert(3, (f"  paired: each phase then fio at once, median of {len(pairs)}",
-                        f"{batch:.0f} vec/s", f"fio {deep_iops:.0f} IOPS; pairs "
-                        + " / ".join(f"{r:.2f}" for r in ratios), pr, ">= 0.8",
-                        verdict(pr >= 0.8)))
+        rows.insert(3, paired_row(f"  paired: each phase then fio at once, median of {len(pairs)}",
+                                  pairs))
     # What one call at a time could reach with one unary reply if the daemon
     # cost nothing beyond the bare loop: fio's time for the call's reads at
     # the same depth, then a bare unary round trip carrying the reply's bytes

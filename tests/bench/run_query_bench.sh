@@ -304,28 +304,23 @@ for p in range(1, npairs + 1):
     conc_pairs.append({"shardcast": load(f"pair{p}_conc.json")["single"]["iops_4k_equiv"],
                        "fio": fio[f"buffered_qd{conc}_nohint_pair{p}"],
                        "fio_direct": fio.get(f"direct_qd{conc}_pair{p}")})
+def print_paired(label, pairs, ref, key="fio", target=0.8):
+    """One row for alternating pairs: the medians, and the median of the
+    pairs' ratios (the verdict when `target`)."""
+    ratios = [x["shardcast"] / x[key] for x in pairs]
+    r = statistics.median(ratios)
+    t = f">= {target}: {'met' if r >= target else 'NOT met'} " if target else ""
+    print(f"{label:<40}{statistics.median(x['shardcast'] for x in pairs):>10.0f}"
+          f"{ref:>28}{statistics.median(x[key] for x in pairs):>10.0f}"
+          f"{r:>7.2f}  {t}(median of " + " / ".join(f"{x:.2f}" for x in ratios) + ")")
 if pairs:
-    ratios = [x["shardcast"] / x["fio"] for x in pairs]
-    r = statistics.median(ratios)
-    print(f"{'cold 256 vec/call, --malloc-keep, paired':<40}"
-          f"{statistics.median(x['shardcast'] for x in pairs):>10.0f}"
-          f"{f'faster of qd{qd} pair*':>28}{statistics.median(x['fio'] for x in pairs):>10.0f}"
-          f"{r:>7.2f}  >= 0.8: {'met' if r >= 0.8 else 'NOT met'} (median of "
-          + " / ".join(f"{x:.2f}" for x in ratios) + ")")
+    print_paired("cold 256 vec/call, --malloc-keep, paired", pairs, f"faster of qd{qd} pair*")
 if conc_pairs:
-    ratios = [x["shardcast"] / x["fio"] for x in conc_pairs]
-    r = statistics.median(ratios)
-    print(f"{f'cold 1 vec/call, {conc} threads, paired':<40}"
-          f"{statistics.median(x['shardcast'] for x in conc_pairs):>10.0f}"
-          f"{f'buffered_qd{conc}_nohint_pair*':>28}{statistics.median(x['fio'] for x in conc_pairs):>10.0f}"
-          f"{r:>7.2f}  >= 0.8: {'met' if r >= 0.8 else 'NOT met'} (median of "
-          + " / ".join(f"{x:.2f}" for x in ratios) + ")")
+    print_paired(f"cold 1 vec/call, {conc} threads, paired", conc_pairs,
+                 f"buffered_qd{conc}_nohint_pair*")
     if all(x["fio_direct"] for x in conc_pairs):
-        d = [x["shardcast"] / x["fio_direct"] for x in conc_pairs]
-        print(f"{'  same vs O_DIRECT, same reads':<40}"
-              f"{statistics.median(x['shardcast'] for x in conc_pairs):>10.0f}"
-              f"{f'direct_qd{conc}_pair*':>28}{statistics.median(x['fio_direct'] for x in conc_pairs):>10.0f}"
-              f"{statistics.median(d):>7.2f}  (median of " + " / ".join(f"{x:.2f}" for x in d) + ")")
+        print_paired("  same vs O_DIRECT, same reads", conc_pairs, f"direct_qd{conc}_pair*",
+                     key="fio_direct", target=None)
 print()
 print(f"fio jobs named *_same read as many blocks as the --malloc-keep 256/call phase (qd{qd}) "
       f"and the {conc}-thread phase (qd{conc})")
