@@ -50,8 +50,11 @@ SHARDS=("$DS"/acts*.bin)
 (( ${#SHARDS[@]} == 1 )) || die "expected one shard file in $DS"
 DEV=$(basename "$(df --output=source "$DS" | tail -1)")
 [[ -r /sys/class/block/$DEV/stat ]] || die "no /sys/class/block/$DEV/stat for $DS"
-# A quarter of the vectors, each once (query_bench draws distinct ones).
-VECTORS=$(( 512 * 2 * 257 / 4 ))
+# A quarter of the dataset's vectors (as its metadata.json counts them), each
+# once (query_bench draws distinct ones), as run_query_bench.sh's cold phases.
+VECTORS=$("$PY" -c 'import json,sys; m=json.load(open(sys.argv[1]))
+print(m["n_examples"] * len(m["layers"]) * (m["patches_per_ex"] + int(m["cls_token"])) // 4)' \
+  "$DS/metadata.json") || die "cannot count the vectors of $DS/metadata.json"
 BYTES=$(( VECTORS * 4096 ))
 
 disk() { awk '{printf "%d %.0f %d\n", $1, $3 * 512, $11}' "/sys/class/block/$DEV/stat"; }  # reads, bytes, ms in queue
