@@ -711,7 +711,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (options.local_queries && !socket.empty()) {
     // Null when the daemon has no local query socket.
     impl->local_queries = internal_client::LocalQueries::Open(
-        socket + local_query::kSocketSuffix, options.connect_timeout_seconds);
+        socket + local_query::kSocketSuffix, options.connect_timeout_seconds,
+        options.local_direct_reads);
   }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

@@ -66,6 +66,14 @@ struct ClientOptions {
   /// calls are in flight together (query_calls_in_flight, stream_vectors_from
   /// and query_session then apply to gRPC calls only). False: gRPC.
   bool local_queries = true;
+  /// With local_queries: a GetVectors of one vector is read by this
+  /// process itself, with pread on a read-only descriptor of the dataset's
+  /// file that the daemon hands over (with the dataset's layout, asked
+  /// again each second), when the daemon offers it: one wake-up per read
+  /// instead of the daemon's and then this thread's. Coordinates the
+  /// layout does not hold, and any failed read, go to the daemon, which
+  /// says why. False: the daemon reads every vector.
+  bool local_direct_reads = true;
 };
 
 /// One vector/coordinate request.

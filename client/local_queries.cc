@@ -12,10 +12,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/file.h"
 #include "common/query_protocol.h"
 #include "common/status.h"
 #include "common/unix_socket.h"
+#include "common/vector_layout.h"
 
 namespace shardcast {
 namespace internal_client {
@@ -87,14 +90,31 @@ struct LocalQueries::Pool {
   }
 };
 
-LocalQueries::LocalQueries(std::string path, int timeout_seconds)
+// One dataset's direct reads: its layout as the daemon described it at
+// `fetched`, and the descriptors of its files opened so far.
+struct LocalQueries::Direct {
+  absl::Time fetched;
+  bool offered = false;  // false: the daemon reads this dataset's vectors
+  uint64_t serial = 0;
+  VectorLayout layout;
+  Mutex mu;
+  // Index = file; null until opened. Shared with the reads using them.
+  std::vector<std::shared_ptr<const UniqueFd>> files ABSL_GUARDED_BY(mu);
+  size_t opened ABSL_GUARDED_BY(mu) = 0;
+};
+
+LocalQueries::LocalQueries(std::string path, int timeout_seconds,
+                           bool direct_reads)
     : path_(std::move(path)),
       timeout_seconds_(timeout_seconds),
+      direct_reads_(direct_reads),
       pool_(std::make_shared<Pool>()) {}
 
 std::unique_ptr<LocalQueries> LocalQueries::Open(const std::string& path,
-                                                 int timeout_seconds) {
-  std::unique_ptr<LocalQueries> q(new LocalQueries(path, timeout_seconds));
+                                                 int timeout_seconds,
+                                                 bool direct_reads) {
+  std::unique_ptr<LocalQueries> q(
+      new LocalQueries(path, timeout_seconds, direct_reads));
   absl::StatusOr<std::unique_ptr<Conn>> c = q->Connect(kFirstRegionBytes);
   if (!c.ok()) return nullptr;
   q->Return(std::move(*c));
@@ -257,15 +277,196 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
                               static_cast<int64_t>(reply.d_model)};
 }
 
-std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
-    const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  std::unique_ptr<Conn> c;
+absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Take() {
   {
     MutexLock lock(&pool_->mu);
     if (!pool_->idle.empty()) {
-      c = std::move(pool_->idle.back());
+      std::unique_ptr<Conn> c = std::move(pool_->idle.back());
       pool_->idle.pop_back();
+      return c;
     }
+  }
+  return Connect(kFirstRegionBytes);
+}
+
+absl::StatusOr<lq::Reply> LocalQueries::Ask(Conn& c, const lq::Request& request,
+                                            std::vector<UniqueFd>* fds) {
+  absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
+  if (!sent.ok()) return absl::UnavailableError(sent.message());
+  char buf[kMaxReplyBytes];
+  absl::StatusOr<size_t> n =
+      ReceiveWithDescriptors(c.fd.get(), absl::MakeSpan(buf), fds);
+  if (!n.ok() || *n == 0) {
+    return absl::UnavailableError("the local query socket broke");
+  }
+  lq::Reply reply;
+  if (*n > sizeof(buf) || !reply.Decode(absl::string_view(buf, *n)) ||
+      reply.id != request.id) {
+    return absl::DataLossError(
+        "the daemon's local query reply does not answer the request");
+  }
+  return reply;
+}
+
+void LocalQueries::Forget(const std::string& dataset) {
+  MutexLock lock(&direct_mu_);
+  direct_.erase(dataset);
+}
+
+std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
+    const std::string& dataset) {
+  // How long a layout is used before the daemon is asked again: a dataset
+  // the daemon stops serving (a rescan) is read here at most this long.
+  constexpr absl::Duration kLayoutAge = absl::Seconds(1);
+  // Datasets remembered at once; past it all are forgotten.
+  constexpr size_t kMaxDatasets = 64;
+  const absl::Time now = absl::Now();
+  std::shared_ptr<Direct> old;
+  {
+    MutexLock lock(&direct_mu_);
+    auto it = direct_.find(dataset);
+    if (it != direct_.end()) {
+      if (now - it->second->fetched < kLayoutAge) {
+        return it->second->offered ? it->second : nullptr;
+      }
+      old = it->second;
+    }
+  }
+  if (dataset.size() > lq::kMaxDatasetBytes) return nullptr;
+  absl::StatusOr<std::unique_ptr<Conn>> c = Take();
+  if (!c.ok()) return nullptr;
+  auto d = std::make_shared<Direct>();
+  d->fetched = now;
+  lq::Request request;
+  request.op = lq::Op::kLayout;
+  request.id = (*c)->next_id++;
+  request.dataset = dataset;
+  std::vector<UniqueFd> fds;
+  absl::StatusOr<lq::Reply> reply = Ask(**c, request, &fds);
+  if (!reply.ok()) return nullptr;  // the connection goes with `c`
+  if (reply->code == 0 && reply->rows <= (*c)->bytes) {
+    absl::StatusOr<VectorLayout> layout = VectorLayout::Decode(
+        absl::string_view((*c)->base, static_cast<size_t>(reply->rows)));
+    if (layout.ok()) {
+      d->offered = true;
+      d->serial = reply->serial;
+      d->layout = *std::move(layout);
+    }
+  }
+  Return(*std::move(c));
+  // Anything else (no such dataset, a daemon that hands out no files or
+  // does not know the operation, a layout larger than the region): the
+  // daemon reads this dataset's vectors until the layout is asked again.
+  if (d->offered) {
+    const size_t files = static_cast<size_t>(d->layout.num_files());
+    MutexLock lock(&d->mu);
+    d->files.resize(files);
+    if (old != nullptr && old->offered && old->serial == d->serial) {
+      MutexLock old_lock(&old->mu);  // the same files: keep those open
+      d->files = old->files;
+      d->opened = old->opened;
+    }
+  }
+  MutexLock lock(&direct_mu_);
+  if (direct_.size() >= kMaxDatasets) direct_.clear();
+  direct_[dataset] = d;
+  return d->offered ? d : nullptr;
+}
+
+std::optional<VectorBlock> LocalQueries::ReadDirect(
+    const std::string& dataset, const std::vector<VectorCoord>& coords) {
+  // Descriptors one dataset keeps open here; past it, all are closed.
+  constexpr size_t kMaxOpenFiles = 256;
+  std::shared_ptr<Direct> d = DirectFor(dataset);
+  if (d == nullptr) return std::nullopt;
+  std::vector<VectorLayout::Place> places(coords.size());
+  for (size_t i = 0; i < coords.size(); ++i) {
+    const VectorCoord& v = coords[i];
+    if (!d->layout.Find(v.example, v.layer, v.token, &places[i])) {
+      return std::nullopt;
+    }
+  }
+  // The descriptors, asked for those not open yet.
+  std::vector<std::shared_ptr<const UniqueFd>> fds(places.size());
+  std::vector<int64_t> missing;
+  {
+    MutexLock lock(&d->mu);
+    for (size_t i = 0; i < places.size(); ++i) {
+      fds[i] = d->files[static_cast<size_t>(places[i].file)];
+      if (fds[i] == nullptr && std::find(missing.begin(), missing.end(),
+                                         places[i].file) == missing.end()) {
+        missing.push_back(places[i].file);
+      }
+    }
+  }
+  if (!missing.empty()) {
+    if (missing.size() > lq::kMaxFilesPerOpen) return std::nullopt;
+    absl::StatusOr<std::unique_ptr<Conn>> c = Take();
+    if (!c.ok()) return std::nullopt;
+    (*c)->Touch(missing.size() * sizeof(int64_t));
+    std::memcpy((*c)->base, missing.data(), missing.size() * sizeof(int64_t));
+    lq::Request request;
+    request.op = lq::Op::kOpenFiles;
+    request.id = (*c)->next_id++;
+    request.count = missing.size();
+    request.serial = d->serial;
+    request.dataset = dataset;
+    std::vector<UniqueFd> got;
+    absl::StatusOr<lq::Reply> reply = Ask(**c, request, &got);
+    if (!reply.ok()) return std::nullopt;
+    Return(*std::move(c));
+    if (reply->code != 0 || got.size() != missing.size()) {
+      // ABORTED: the dataset changed since its layout; ask for it again.
+      if (reply->code == static_cast<uint32_t>(absl::StatusCode::kAborted)) {
+        Forget(dataset);
+      }
+      return std::nullopt;
+    }
+    MutexLock lock(&d->mu);
+    if (d->opened + got.size() > kMaxOpenFiles) {
+      for (auto& f : d->files) f.reset();
+      d->opened = 0;
+    }
+    for (size_t k = 0; k < missing.size(); ++k) {
+      auto fd = std::make_shared<const UniqueFd>(std::move(got[k]));
+      d->files[static_cast<size_t>(missing[k])] = fd;
+      ++d->opened;
+      for (size_t i = 0; i < places.size(); ++i) {
+        if (places[i].file == missing[k]) fds[i] = fd;
+      }
+    }
+  }
+  // The reads. A short one (a file cut since) or an error: the daemon reads
+  // the vectors, and says what is wrong.
+  const uint64_t bytes = d->layout.vector_bytes();
+  const uint64_t floats =
+      places.size() * static_cast<uint64_t>(d->layout.d_model);
+  std::shared_ptr<float[]> values(new float[std::max<uint64_t>(floats, 1)]);
+  char* out = reinterpret_cast<char*>(values.get());
+  for (size_t i = 0; i < places.size(); ++i) {
+    ssize_t n;
+    do {
+      n = ::pread(fds[i]->get(), out + i * bytes, bytes,
+                  static_cast<off_t>(places[i].offset));
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(bytes)) return std::nullopt;
+  }
+  VectorBlock block;
+  block.shape = {static_cast<int64_t>(places.size()), d->layout.d_model};
+  block.values = absl::Span<const float>(values.get(), floats);
+  block.storage = std::move(values);
+  return block;
+}
+
+std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
+    const std::string& dataset, const std::vector<VectorCoord>& coords) {
+  if (direct_reads_ && !coords.empty() && coords.size() <= kDirectMaxVectors) {
+    std::optional<VectorBlock> block = ReadDirect(dataset, coords);
+    if (block.has_value()) return *std::move(block);
+  }
+  std::unique_ptr<Conn> c;
+  if (absl::StatusOr<std::unique_ptr<Conn>> idle = Take(); idle.ok()) {
+    c = *std::move(idle);
   }
   // A new connection when none is free, a broken one is replaced once, and
   // a region too small is replaced by a larger one (for the coordinates,

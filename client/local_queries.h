@@ -7,6 +7,7 @@
 #define SHARDCAST_CLIENT_LOCAL_QUERIES_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,7 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "common/file.h"
 #include "common/mutex.h"
+#include "common/query_protocol.h"
 
 namespace shardcast {
 namespace internal_client {
@@ -33,11 +36,17 @@ class LocalQueries {
   /// whether the daemon serves it; null when it does not (no such socket,
   /// an older daemon, a refusal), and the client then uses gRPC.
   /// `timeout_seconds` bounds each wait for the daemon's reply to a hello.
+  /// `direct_reads`: ClientOptions::local_direct_reads.
   static std::unique_ptr<LocalQueries> Open(const std::string& path,
-                                            int timeout_seconds);
+                                            int timeout_seconds,
+                                            bool direct_reads = true);
   ~LocalQueries();
 
   static constexpr int kMaxLent = 16;
+  /// Calls of at most this many vectors are read here when the daemon
+  /// offers direct reads; larger ones go to the daemon, whose io_uring has
+  /// their reads on the disk together.
+  static constexpr size_t kDirectMaxVectors = 1;
 
   /// The vectors at `coords` (see the class comment). nullopt when the
   /// socket cannot be used for it (the daemon went away or restarted
@@ -49,8 +58,26 @@ class LocalQueries {
 
  private:
   struct Conn;
-  struct Pool;  // shared with the blocks that hold a connection
-  LocalQueries(std::string path, int timeout_seconds);
+  struct Pool;    // shared with the blocks that hold a connection
+  struct Direct;  // one dataset's layout and the descriptors opened
+  LocalQueries(std::string path, int timeout_seconds, bool direct_reads);
+  // An idle connection, or a new one (the error when none can be made).
+  absl::StatusOr<std::unique_ptr<Conn>> Take();
+  // One request that reads nothing (Op::kLayout, kOpenFiles) on `c`: the
+  // reply, and the descriptors it carried in `fds`. UNAVAILABLE when the
+  // connection broke (the caller drops it).
+  absl::StatusOr<local_query::Reply> Ask(Conn& c,
+                                         const local_query::Request& request,
+                                         std::vector<UniqueFd>* fds);
+  // The vectors read here (Direct); nullopt when they cannot be (the daemon
+  // then reads them and says why).
+  std::optional<VectorBlock> ReadDirect(const std::string& dataset,
+                                        const std::vector<VectorCoord>& coords);
+  // `dataset`'s layout, asked for when this process has none from the
+  // last kLayoutSeconds; null when the daemon offers no direct reads of it.
+  std::shared_ptr<Direct> DirectFor(const std::string& dataset)
+      ABSL_LOCKS_EXCLUDED(direct_mu_);
+  void Forget(const std::string& dataset) ABSL_LOCKS_EXCLUDED(direct_mu_);
   // A connection with a region of at least `region_bytes`; the daemon's
   // refusal or the socket's error otherwise.
   absl::StatusOr<std::unique_ptr<Conn>> Connect(uint64_t region_bytes);
@@ -69,7 +96,11 @@ class LocalQueries {
 
   const std::string path_;
   const int timeout_seconds_;
+  const bool direct_reads_;
   const std::shared_ptr<Pool> pool_;
+  Mutex direct_mu_;
+  std::map<std::string, std::shared_ptr<Direct>> direct_
+      ABSL_GUARDED_BY(direct_mu_);
 };
 
 }  // namespace internal_client

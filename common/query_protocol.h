@@ -50,7 +50,23 @@ inline constexpr size_t kReplyBytes = 48;
 /// The operations a request may ask for.
 enum class Op : uint32_t {
   kVectors = 1,  // GetVectors: [count, d_model] float32 at out_offset
+  /// Direct reads, step 1: where the dataset's vectors lie. Code 0: `rows`
+  /// bytes of a VectorLayout (common/vector_layout.h) at out_offset, and
+  /// `serial` names the files it describes (need_region_bytes as for
+  /// vectors). FAILED_PRECONDITION when the daemon hands out no files
+  /// (--disable-direct-reads); a daemon without direct reads answers
+  /// UNIMPLEMENTED (an unknown operation).
+  kLayout = 2,
+  /// Direct reads, step 2: read-only descriptors of `count` (at most
+  /// kMaxFilesPerOpen) of the layout's files, whose int64 indices lie at
+  /// coords_offset; the request's `serial` is the layout's. Code 0: the
+  /// reply carries `rows` = count descriptors as SCM_RIGHTS, in the order
+  /// asked. ABORTED when the dataset's files are not those of `serial`
+  /// any more (ask for the layout again).
+  kOpenFiles = 3,
 };
+/// Descriptors one kOpenFiles request may ask for.
+inline constexpr uint64_t kMaxFilesPerOpen = 16;
 
 namespace internal {
 template <typename T>
@@ -121,6 +137,7 @@ struct Request {
   uint64_t count = 0;
   uint64_t coords_offset = 0;
   uint64_t out_offset = 0;
+  uint64_t serial = 0;  // kOpenFiles: the layout's
   std::string dataset;  // id or unique prefix
 
   std::string Encode() const {
@@ -131,6 +148,7 @@ struct Request {
     internal::Put(&out, 16, count);
     internal::Put(&out, 24, coords_offset);
     internal::Put(&out, 32, out_offset);
+    internal::Put(&out, 40, serial);
     return out + dataset;
   }
   bool Decode(absl::string_view in) {
@@ -142,6 +160,7 @@ struct Request {
     count = internal::Get<uint64_t>(in, 16);
     coords_offset = internal::Get<uint64_t>(in, 24);
     out_offset = internal::Get<uint64_t>(in, 32);
+    serial = internal::Get<uint64_t>(in, 40);
     dataset = std::string(in.substr(kRequestBytes));
     return true;
   }
@@ -158,6 +177,7 @@ struct Reply {
   uint64_t rows = 0;
   uint64_t d_model = 0;
   uint64_t need_region_bytes = 0;
+  uint64_t serial = 0;  // kLayout: names the files the layout describes
   std::string message;
 
   std::string Encode() const {
@@ -168,6 +188,7 @@ struct Reply {
     internal::Put(&out, 16, rows);
     internal::Put(&out, 24, d_model);
     internal::Put(&out, 32, need_region_bytes);
+    internal::Put(&out, 40, serial);
     return out + message;
   }
   bool Decode(absl::string_view in) {
@@ -177,6 +198,7 @@ struct Reply {
     rows = internal::Get<uint64_t>(in, 16);
     d_model = internal::Get<uint64_t>(in, 24);
     need_region_bytes = internal::Get<uint64_t>(in, 32);
+    serial = internal::Get<uint64_t>(in, 40);
     message = std::string(in.substr(kReplyBytes));
     return true;
   }

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -11,6 +13,8 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     const std::string& dir) {
   ASSIGN_OR_RETURN(DatasetInfo info, OpenDatasetInfo(dir));
   std::unique_ptr<DatasetReader> reader(new DatasetReader(std::move(info)));
+  static std::atomic<uint64_t> opened{0};
+  reader->serial_ = opened.fetch_add(1, std::memory_order_relaxed) + 1;
   for (const ShardEntry& s : reader->desc().shards) {
     UniqueFd fd;
     if (s.n_examples > 0) {

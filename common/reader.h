@@ -40,6 +40,10 @@ class DatasetReader {
 
   const DatasetInfo& info() const { return info_; }
   const DatasetDesc& desc() const { return info_.desc; }
+  /// Tells this reader's open files apart from those of every other
+  /// reader this process opened (a rescan's reader of the same directory
+  /// included): numbered from 1 in opening order.
+  uint64_t serial() const { return serial_; }
 
   /// The bytes of (example, layer value, token index in [0, T)): D floats.
   /// Coordinate errors as Locate().
@@ -86,6 +90,7 @@ class DatasetReader {
   static absl::Status ReadRange(const FileRange& range, void* out);
 
   DatasetInfo info_;
+  uint64_t serial_ = 0;
   std::vector<UniqueFd> shard_fds_;  // index = shard; invalid for empty ones
   std::vector<std::string> shard_paths_;
   UniqueFd labels_fd_;

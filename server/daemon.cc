@@ -334,6 +334,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     lq.max_connections = static_cast<int>(options.max_connections);
     lq.spin_us = static_cast<unsigned>(options.local_query_spin_us);
     lq.threads = options.LocalQueryThreads();
+    lq.direct_reads = !options.disable_direct_reads;
     // The vectors of the largest call and their coordinates, and never
     // less than a client's first region (16 MiB of address space here; the
     // memory is the client's).

@@ -43,6 +43,11 @@ const std::vector<DaemonOption>& Table() {
        "answer local clients' queries over gRPC only, not on the local "
        "query socket (PATH.query)",
        OptionKind::kSwitch, &O::disable_local_queries},
+      {"disable-direct-reads", "disable_direct_reads", nullptr,
+       "read every vector local query clients ask for here; by default an "
+       "admitted client gets a dataset's layout and read-only descriptors "
+       "of its files, and reads single vectors itself",
+       OptionKind::kSwitch, &O::disable_direct_reads},
       {"listen-tcp", "listen_tcp", "HOST:PORT",
        "TCP listener for remote clients; TLS required unless loopback",
        OptionKind::kText, &O::tcp_address},

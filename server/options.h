@@ -35,6 +35,9 @@ struct DaemonOptions {
   /// Without it, local clients' GetVectors calls go through
   /// `<unix_socket>.query` (server/transport/local_query_service.h).
   bool disable_local_queries = false;
+  /// With it, local query clients never get descriptors of dataset files:
+  /// the daemon reads every vector (LocalQueryOptions::direct_reads).
+  bool disable_direct_reads = false;
   /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
   /// TLS unless the host is loopback or insecure_tcp is set.
   std::string tcp_address;

@@ -105,6 +105,44 @@ absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
   return r;
 }
 
+absl::StatusOr<std::pair<uint64_t, VectorLayout>> QueryEngine::Layout(
+    absl::string_view dataset) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  return std::make_pair(reader->serial(), VectorLayout::Of(reader->desc()));
+}
+
+absl::StatusOr<std::vector<UniqueFd>> QueryEngine::OpenFiles(
+    absl::string_view dataset, uint64_t serial,
+    absl::Span<const int64_t> files) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  if (reader->serial() != serial) {
+    return absl::AbortedError(absl::StrCat(
+        "dataset ", dataset,
+        " is not the one its layout described any more: ask for it again"));
+  }
+  const int64_t count = static_cast<int64_t>(reader->desc().shards.size());
+  std::vector<UniqueFd> fds;
+  for (int64_t f : files) {
+    if (f < 0 || f >= count) {
+      return absl::OutOfRangeError(absl::StrCat("file ", f, " of dataset ",
+                                                dataset, ": it has ", count));
+    }
+    const int fd = reader->shard_fd(f);
+    if (fd < 0) {
+      return absl::NotFoundError(absl::StrCat("file ", f, " of dataset ",
+                                              dataset, " holds no vectors"));
+    }
+    // Not the reader's own description: a client's reads then share no
+    // read-ahead state (or fadvise hints) with the daemon's.
+    ASSIGN_OR_RETURN(UniqueFd own, OpenFile(absl::StrCat("/proc/self/fd/", fd),
+                                            O_RDONLY | O_CLOEXEC));
+    fds.push_back(std::move(own));
+  }
+  return fds;
+}
+
 absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
     absl::string_view dataset, const std::vector<Coord>& coords, ColdReads cold,
     absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,

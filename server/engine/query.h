@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -21,6 +22,7 @@
 #include "common/file.h"
 #include "common/mutex.h"
 #include "common/samples.h"
+#include "common/vector_layout.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
 #include "server/io/page_residency.h"
@@ -155,6 +157,21 @@ class QueryEngine {
     bytes_read_ += bytes;
     direct_bytes_read_ += direct_bytes;
   }
+
+  /// For clients that read vectors themselves (the local query socket's
+  /// direct reads): where `dataset`'s vectors lie, and the serial of the
+  /// reader whose files the layout describes (DatasetReader::serial).
+  /// Errors as GetVectors' for the dataset.
+  absl::StatusOr<std::pair<uint64_t, VectorLayout>> Layout(
+      absl::string_view dataset) const;
+  /// Read-only descriptors of files of `dataset` (VectorLayout::Place::
+  /// file), each opened anew from the reader's (same inode; read-ahead
+  /// state of its own). ABORTED when `serial` is not the dataset's reader
+  /// any more (a rescan, another dataset by that prefix); OUT_OF_RANGE for
+  /// a file the dataset does not have; NOT_FOUND for an empty one.
+  absl::StatusOr<std::vector<UniqueFd>> OpenFiles(
+      absl::string_view dataset, uint64_t serial,
+      absl::Span<const int64_t> files) const;
 
   const Catalog* catalog() const { return catalog_; }
   /// Bytes read from disk by queries so far.

@@ -134,6 +134,12 @@ class LocalQueryService::Loop {
   void OnPoll(Conn& c, int res);
   void OnHello(Conn& c, absl::string_view message, int region_fd);
   void OnRequest(Conn& c, absl::string_view message);
+  // Direct reads (Op::kLayout, kOpenFiles): answered at once, no disk.
+  void OnDirect(Conn& c, const lq::Request& request);
+  absl::Status WriteLayout(Conn& c, const lq::Request& request,
+                           lq::Reply* reply);
+  absl::Status OpenFiles(Conn& c, const lq::Request& request, lq::Reply* reply,
+                         std::vector<UniqueFd>* fds);
   absl::Status Plan(Conn& c, const lq::Request& request);
   void SubmitRead(Conn& c, size_t i);
   void OnRead(Conn& c, size_t i, int res);
@@ -320,16 +326,7 @@ void LocalQueryService::Loop::OnPoll(Conn& c, int res) {
   }
   // Take every descriptor it sent, so none is left open here.
   std::vector<UniqueFd> fds;
-  for (struct cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr;
-       h = CMSG_NXTHDR(&msg, h)) {
-    if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
+  TakeDescriptors(msg, &fds);
   const absl::string_view message(buf, static_cast<size_t>(n));
   const bool truncated = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
   if (c.base == nullptr) {
@@ -426,6 +423,10 @@ void LocalQueryService::Loop::OnRequest(Conn& c, absl::string_view message) {
     Close(c);
     return;
   }
+  if (request.op == lq::Op::kLayout || request.op == lq::Op::kOpenFiles) {
+    OnDirect(c, request);
+    return;
+  }
   metrics_->calls_total++;
   metrics_->calls_in_flight++;
   metrics_->queries_local++;
@@ -442,6 +443,75 @@ void LocalQueryService::Loop::OnRequest(Conn& c, absl::string_view message) {
   for (size_t i = 0; i < c.ops.size(); ++i) {
     if (c.done[i] < c.ops[i].length) SubmitRead(c, i);
   }
+}
+
+void LocalQueryService::Loop::OnDirect(Conn& c, const lq::Request& request) {
+  lq::Reply reply;
+  reply.id = request.id;
+  std::vector<UniqueFd> fds;
+  absl::Status status;
+  if (!options_.direct_reads) {
+    status = absl::FailedPreconditionError(
+        "this daemon hands out no files (--disable-direct-reads): ask it "
+        "for the vectors");
+  } else if (request.op == lq::Op::kLayout) {
+    status = WriteLayout(c, request, &reply);
+  } else {
+    status = OpenFiles(c, request, &reply, &fds);
+  }
+  if (!status.ok()) {
+    reply.code = static_cast<uint32_t>(status.code());
+    reply.message = std::string(status.message());
+    fds.clear();
+  }
+  std::vector<int> raw;
+  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
+  if (!SendWithDescriptors(c.fd.get(), reply.Encode(), raw, MSG_DONTWAIT)
+           .ok()) {
+    Close(c);
+    return;
+  }
+  if (!stopping_) ArmPoll(c);
+}
+
+absl::Status LocalQueryService::Loop::WriteLayout(Conn& c,
+                                                  const lq::Request& request,
+                                                  lq::Reply* reply) {
+  ASSIGN_OR_RETURN(auto layout, queries_->Layout(request.dataset));
+  const std::string bytes = layout.second.Encode();
+  if (!FitsIn(request.out_offset, bytes.size(), c.bytes)) {
+    reply->need_region_bytes = request.out_offset + bytes.size();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the layout needs a region of ", reply->need_region_bytes,
+                     " bytes; this one has ", c.bytes));
+  }
+  std::memcpy(c.base + request.out_offset, bytes.data(), bytes.size());
+  reply->rows = bytes.size();
+  reply->serial = layout.first;
+  LogDebug("local queries: pid ", c.pid, " reads ", request.dataset,
+           " directly");
+  return absl::OkStatus();
+}
+
+absl::Status LocalQueryService::Loop::OpenFiles(Conn& c,
+                                                const lq::Request& request,
+                                                lq::Reply* reply,
+                                                std::vector<UniqueFd>* fds) {
+  if (request.count == 0 || request.count > lq::kMaxFilesPerOpen ||
+      !FitsIn(request.coords_offset, request.count * sizeof(int64_t),
+              c.bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.count, " files at offset ", request.coords_offset, ": 1 to ",
+        lq::kMaxFilesPerOpen, " in the region of ", c.bytes, " bytes"));
+  }
+  // Copied out first: the client may change the region meanwhile.
+  std::vector<int64_t> files(request.count);
+  std::memcpy(files.data(), c.base + request.coords_offset,
+              files.size() * sizeof(int64_t));
+  ASSIGN_OR_RETURN(*fds,
+                   queries_->OpenFiles(request.dataset, request.serial, files));
+  reply->rows = fds->size();
+  return absl::OkStatus();
 }
 
 absl::Status LocalQueryService::Loop::Plan(Conn& c,

@@ -71,6 +71,12 @@ struct LocalQueryOptions {
   /// on the 16-core machine one thread kept ~10 of 16 client threads' reads
   /// on the disk (tests/bench/RESULTS.md, "Several local query threads").
   int threads = 1;
+  /// Whether an admitted client may read vectors itself: it asks for a
+  /// dataset's layout and read-only descriptors of its files
+  /// (common/query_protocol.h, Op::kLayout), then reads single vectors
+  /// with pread, one wake-up per read instead of two (README.md, "Local
+  /// queries"). False: every vector is read by the daemon.
+  bool direct_reads = true;
 };
 
 /// Serves the local query socket on its own threads until destroyed.

@@ -62,6 +62,10 @@ const std::vector<OptionSpec> kSpecs = {
     {"no-local", nullptr,
      "the Client's local_queries off: GetVectors over gRPC even on the "
      "daemon's node (default: the local query socket when the daemon has one)"},
+    {"no-direct", nullptr,
+     "the Client's local_direct_reads off: the daemon reads single vectors "
+     "too (default: this process reads them with the descriptors the daemon "
+     "hands over, when it offers them)"},
     {"no-session", nullptr,
      "the Client's query_session off: every call below --stream-from is a "
      "unary GetVectors (default: messages on one VectorsSession call)"},
@@ -373,6 +377,7 @@ int Main(int argc, char** argv) {
   options.stream_vectors_from = ints[9];
   options.query_session = !args->Has("no-session");
   options.local_queries = !args->Has("no-local");
+  options.local_direct_reads = !args->Has("no-direct");
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(address, options);
   if (!client.ok()) {
@@ -418,6 +423,7 @@ int Main(int argc, char** argv) {
   out["stream_from"] = options.stream_vectors_from;
   out["query_session"] = options.query_session;
   out["local_queries"] = options.local_queries;
+  out["local_direct_reads"] = options.local_direct_reads;
   out["malloc_keep"] = malloc_keep;
   out["seed"] = seed;
   out["distinct_coordinates"] = distinct;

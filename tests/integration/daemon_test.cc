@@ -33,6 +33,7 @@
 #include "common/query_protocol.h"
 #include "common/synth.h"
 #include "common/unix_socket.h"
+#include "common/vector_layout.h"
 #include "common/writer.h"
 #include "gtest/gtest.h"
 
@@ -837,7 +838,11 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
 // its own error, and no query goes through gRPC.
 TEST_F(DaemonTest, LocalQueriesAnswerThreadsWithoutGrpc) {
   daemon_ = StartDaemon();
-  auto client = Connect();
+  // Every call read by the daemon (single vectors too: see
+  // LocalClientsReadSingleVectorsThemselves for those read here).
+  ClientOptions options;
+  options.local_direct_reads = false;
+  auto client = Connect(options);
   ASSERT_NE(client, nullptr);
   const SharedCallsOutcome out =
       RunThreadsOfOneClient(client.get(), main_id_, 16, 40, 5, true, &Expected);
@@ -983,17 +988,33 @@ class RawQueryConnection {
       std::memcpy(base_ + coords_offset + i * sizeof(v), v, sizeof(v));
     }
     local_query::Request request;
-    request.id = ++id_;
     request.count = count;
     request.coords_offset = coords_offset;
     request.out_offset = out_offset;
     request.dataset = dataset;
+    return Call(request);
+  }
+  // Sends `request` (its id set here); the reply, and in `fds` the
+  // descriptors it carried.
+  local_query::Reply Call(local_query::Request request,
+                          std::vector<UniqueFd>* fds = nullptr) {
+    request.id = ++id_;
     EXPECT_TRUE(Send(request.Encode()));
+    std::vector<UniqueFd> got;
+    char buf[8192];
+    absl::StatusOr<size_t> n =
+        ReceiveWithDescriptors(fd_.get(), absl::MakeSpan(buf), &got);
+    const std::string bytes =
+        n.ok() ? std::string(buf, std::min(*n, sizeof(buf))) : std::string();
+    if (fds != nullptr) *fds = std::move(got);
     local_query::Reply reply;
-    const std::string bytes = Receive();
     if (!reply.Decode(bytes)) reply.code = 999;  // no reply: fails checks
     EXPECT_TRUE(bytes.empty() || reply.id == request.id);
     return reply;
+  }
+  // Writes `v` at `offset` of the region.
+  void Put(uint64_t offset, const std::vector<int64_t>& v) {
+    std::memcpy(base_ + offset, v.data(), v.size() * sizeof(int64_t));
   }
   const char* base() const { return base_; }
 
@@ -1230,6 +1251,193 @@ TEST_F(DaemonTest, SeveralLocalQueryThreadsShareTheConnections) {
     }
   }
   EXPECT_TRUE(admitted);
+}
+
+// Calls the daemon counted (GetStatus's calls_total, which counts the
+// status call itself too).
+uint64_t CallsCounted(Client* client) {
+  auto status = client->GetStatus();
+  EXPECT_TRUE(status.ok()) << status.status();
+  return status.ok() ? status->calls_total : 0;
+}
+
+// Single vectors are read by the client itself, with the descriptors the
+// daemon handed over: the daemon counts no call for them, and the values
+// are the generator's. Larger calls, coordinates outside the dataset and a
+// client that turns direct reads off go to the daemon.
+TEST_F(DaemonTest, LocalClientsReadSingleVectorsThemselves) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  uint64_t before = CallsCounted(client.get());
+  for (int64_t i = 0; i < 100; ++i) {  // both shards, layers and CLS
+    const VectorCoord c{(i * 7) % 40, i % 2 ? 6 : -2, (i * 5) % 17};
+    auto block = client->GetVectors(main_id_, {c});
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ(block->shape, (std::vector<int64_t>{1, 32}));
+    for (int64_t k = 0; k < 32; ++k) {
+      ASSERT_EQ(block->values[static_cast<size_t>(k)],
+                Expected(c.example, c.layer == 6 ? 1 : 0, c.token, k))
+          << i;
+    }
+  }
+  uint64_t after = CallsCounted(client.get());
+  EXPECT_LE(after - before, 1u) << "single vectors went to the daemon";
+  EXPECT_NE(daemon_->log().find("reads " + main_id_ + " directly"),
+            std::string::npos);
+
+  // Two vectors: one call the daemon reads.
+  before = after;
+  auto two = client->GetVectors(main_id_, {{3, 6, 1}, {30, -2, 16}});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->values[32 + 4], Expected(30, 0, 16, 4));
+  after = CallsCounted(client.get());
+  EXPECT_EQ(after - before, 2u);
+
+  // Outside the dataset: the daemon's error, as over gRPC.
+  auto grpc = Connect(QueriesOver(false));
+  ASSERT_NE(grpc, nullptr);
+  for (const VectorCoord& bad :
+       {VectorCoord{40, 6, 0}, VectorCoord{0, 7, 0}, VectorCoord{0, 6, 17}}) {
+    auto local = client->GetVectors(main_id_, {bad});
+    auto remote = grpc->GetVectors(main_id_, {bad});
+    ASSERT_FALSE(local.ok());
+    ASSERT_FALSE(remote.ok());
+    EXPECT_EQ(local.status(), remote.status());
+  }
+  EXPECT_EQ(client->GetVectors("no-such-dataset", {{0, 6, 0}}).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Direct reads off: the daemon reads each one.
+  ClientOptions off;
+  off.local_direct_reads = false;
+  auto daemon_reads = Connect(off);
+  ASSERT_NE(daemon_reads, nullptr);
+  before = CallsCounted(daemon_reads.get());
+  for (int64_t i = 0; i < 20; ++i) {
+    auto block = daemon_reads->GetVectors(main_id_, {{i, 6, 2}});
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ(block->values[7], Expected(i, 1, 2, 7));
+  }
+  after = CallsCounted(daemon_reads.get());
+  EXPECT_EQ(after - before, 21u);
+}
+
+TEST_F(DaemonTest, DisableDirectReadsKeepsEveryReadInTheDaemon) {
+  daemon_ = StartDaemon({"--disable-direct-reads"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const uint64_t before = CallsCounted(client.get());
+  for (int64_t i = 0; i < 20; ++i) {
+    auto block = client->GetVectors(main_id_, {{i, -2, 16}});
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ(block->values[31], Expected(i, 0, 16, 31));
+  }
+  EXPECT_EQ(CallsCounted(client.get()) - before, 21u);
+  RawQueryConnection raw(socket_ + ".query");
+  raw.MakeRegion(1 << 16, true);
+  ASSERT_EQ(raw.Hello(1 << 16).code, 0u);
+  local_query::Request layout;
+  layout.op = local_query::Op::kLayout;
+  layout.dataset = main_id_;
+  local_query::Reply reply = raw.Call(layout);
+  EXPECT_EQ(reply.code,
+            static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_NE(reply.message.find("--disable-direct-reads"), std::string::npos)
+      << reply.message;
+}
+
+// The two direct-read requests on a raw connection: the layout places a
+// vector where the format's arithmetic does, the descriptor reads the
+// generator's values and cannot write, and bad requests get their codes.
+TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
+  daemon_ = StartDaemon();
+  RawQueryConnection raw(socket_ + ".query");
+  raw.MakeRegion(1 << 16, true);
+  ASSERT_EQ(raw.Hello(1 << 16).code, 0u);
+  namespace lq = local_query;
+  lq::Request layout;
+  layout.op = lq::Op::kLayout;
+  layout.dataset = main_id_;
+  layout.out_offset = 4096;
+  lq::Reply reply = raw.Call(layout);
+  ASSERT_EQ(reply.code, 0u) << reply.message;
+  absl::StatusOr<VectorLayout> l = VectorLayout::Decode(
+      absl::string_view(raw.base() + 4096, static_cast<size_t>(reply.rows)));
+  ASSERT_TRUE(l.ok()) << l.status();
+  // Example 25 is row 5 of shard 1 (20 per shard); layer 6 is index 1 of
+  // 2; T = 17, D = 32: (5 * 2 * 17 + 1 * 17 + 3) * 128 bytes.
+  VectorLayout::Place place;
+  ASSERT_TRUE(l->Find(25, 6, 3, &place));
+  EXPECT_EQ(place.file, 1);
+  EXPECT_EQ(place.offset, uint64_t{(5 * 2 * 17 + 1 * 17 + 3) * 128});
+
+  lq::Request open;
+  open.op = lq::Op::kOpenFiles;
+  open.dataset = main_id_;
+  open.serial = reply.serial;
+  open.count = 1;
+  raw.Put(0, {1});
+  std::vector<UniqueFd> fds;
+  lq::Reply opened = raw.Call(open, &fds);
+  ASSERT_EQ(opened.code, 0u) << opened.message;
+  ASSERT_EQ(fds.size(), 1u);
+  float v[32];
+  ASSERT_EQ(
+      ::pread(fds[0].get(), v, sizeof(v), static_cast<off_t>(place.offset)),
+      static_cast<ssize_t>(sizeof(v)));
+  for (int k = 0; k < 32; ++k) ASSERT_EQ(v[k], Expected(25, 1, 3, k)) << k;
+  errno = 0;
+  EXPECT_LT(::pwrite(fds[0].get(), v, sizeof(v), 0), 0);
+  EXPECT_EQ(errno, EBADF);
+
+  struct Bad {
+    std::vector<int64_t> files;
+    uint64_t count, serial;
+    std::string dataset;
+    absl::StatusCode code;
+  };
+  const uint64_t s = reply.serial;
+  for (const Bad& b : {
+           Bad{{0}, 1, s + 1000, main_id_, absl::StatusCode::kAborted},
+           Bad{{2}, 1, s, main_id_, absl::StatusCode::kOutOfRange},
+           Bad{{-1}, 1, s, main_id_, absl::StatusCode::kOutOfRange},
+           Bad{{0}, 0, s, main_id_, absl::StatusCode::kInvalidArgument},
+           Bad{{0}, 17, s, main_id_, absl::StatusCode::kInvalidArgument},
+           Bad{{0}, 1, s, "no-such-dataset", absl::StatusCode::kNotFound},
+       }) {
+    raw.Put(0, b.files);
+    lq::Request r = open;
+    r.count = b.count;
+    r.serial = b.serial;
+    r.dataset = b.dataset;
+    std::vector<UniqueFd> none;
+    lq::Reply got = raw.Call(r, &none);
+    EXPECT_EQ(got.code, static_cast<uint32_t>(b.code))
+        << b.count << " files, serial " << b.serial << ": " << got.message;
+    EXPECT_TRUE(none.empty());
+  }
+  // A layout that does not fit where it is asked for.
+  layout.out_offset = (1 << 16) - 64;
+  reply = raw.Call(layout);
+  EXPECT_EQ(reply.code,
+            static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_GT(reply.need_region_bytes, uint64_t{1} << 16);
+  // A rescan opens the dataset's files again: the old serial is refused.
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  bool aborted = false;
+  for (int i = 0; i < 200 && !aborted; ++i) {
+    raw.Put(0, {0});
+    aborted = raw.Call(open).code ==
+              static_cast<uint32_t>(absl::StatusCode::kAborted);
+    if (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(aborted) << daemon_->log();
+  // And the connection still serves vectors.
+  reply = raw.Ask(main_id_, {{7, -2, 0}}, 0, 4096, 1);
+  ASSERT_EQ(reply.code, 0u) << reply.message;
+  EXPECT_EQ(reinterpret_cast<const float*>(raw.base() + 4096)[9],
+            Expected(7, 0, 0, 9));
 }
 
 TEST_F(DaemonTest, SighupRescansTheRoots) {

@@ -38,6 +38,7 @@ MIB = 1 << 20
 # The daemon itself is the final judge: test_configmap_config_starts_the_daemon.
 DAEMON_CONFIG_KEYS = {
     "roots", "listen", "socket_group", "disable_shared_memory", "disable_local_queries",
+    "disable_direct_reads",
     "listen_tcp", "tls_cert",
     "tls_key", "tls_client_ca", "token_key_file", "max_connections", "allow_users",
     "allow_groups", "insecure_tcp", "http", "query_threads", "local_query_spin_us", "local_query_threads",
