@@ -225,6 +225,55 @@ def test_local_queries_skip_grpc_grow_their_region_and_serve_threads(
     assert "call /shardcast.v1.Query/" not in d.log.read_text()
 
 
+def test_single_vectors_are_read_by_the_client_itself(start_daemon, datasets):
+    """A get_vectors of one vector is read by this process with the
+    descriptor the daemon handed over (shardcast_queries_local_total does not
+    count it) and equals numpy, for every dataset variant; two vectors, a
+    coordinate outside the dataset, direct_reads=False and a daemon with
+    --disable-direct-reads go to the daemon, which counts each call."""
+    from sysprobe import metric_samples
+    rng = np.random.default_rng(5)
+
+    def singles(client, r, n):
+        for _ in range(n):
+            c = (int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+                 int(rng.integers(r.T)))
+            got = client.get_vectors(r.id, [c])
+            assert got.shape == (1, r.D) and got.dtype == np.float32, c
+            ref.assert_f32_equal(got[0], r.vector(*c), f"{r.id} {c}")
+
+    d = start_daemon("--http", "127.0.0.1:0")
+    port = _http_port(d)
+
+    def local_calls():
+        return metric_samples(port)["shardcast_queries_local_total"]
+
+    with shardcast.Client(d.address) as client:
+        before = local_calls()
+        for name in ("main", "plain", "v1", "saev"):
+            singles(client, getattr(datasets, name), 30)
+        assert local_calls() == before, "single vectors went to the daemon"
+        r = datasets.main
+        got = client.get_vectors(r.id, [(0, r.layers[0], 0), (r.N - 1, r.layers[-1], r.T - 1)])
+        ref.assert_f32_equal(got[1], r.vector(r.N - 1, r.layers[-1], r.T - 1), "two")
+        assert local_calls() == before + 1
+        with pytest.raises(shardcast.Error) as e:
+            client.get_vectors(r.id, [(r.N, r.layers[0], 0)])
+        assert e.value.code == "OUT_OF_RANGE" and "coordinates[0]" in str(e.value), e.value
+        assert local_calls() == before + 2
+    with shardcast.Client(d.address, direct_reads=False) as client:
+        before = local_calls()
+        singles(client, datasets.main, 5)
+        assert local_calls() == before + 5
+    d.stop()
+    d = start_daemon("--http", "127.0.0.1:0", "--disable-direct-reads")
+    port = _http_port(d)
+    with shardcast.Client(d.address) as client:
+        before = local_calls()
+        singles(client, datasets.main, 5)
+        assert local_calls() == before + 5
+
+
 def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
         start_daemon, datasets):
     """A small GetVectors whose vectors are all in the page cache is answered

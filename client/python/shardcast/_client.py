@@ -286,14 +286,17 @@ class Client:
     `shared_memory=False`; `slots` is how many batches the daemon may have
     ready for one stream (2 to 16); get_vectors goes through the daemon's
     local query socket (no gRPC: README.md, "Local queries") unless
-    `local_queries=False` or the daemon has none. Every method raises Error
+    `local_queries=False` or the daemon has none; there a single vector is
+    read by this process itself, with a descriptor of the dataset's file the
+    daemon hands over, unless `direct_reads=False` or the daemon offers none.
+    Every method raises Error
     on failure.
     Thread-safe (grpcio channels are); a Stream belongs to one thread.
     """
 
     def __init__(self, address=None, *, tls_ca=None, tls_cert=None, tls_key=None,
                  tls_server_name=None, shared_memory=True, slots=4, timeout=5.0,
-                 local_queries=True):
+                 local_queries=True, direct_reads=True):
         address = address or os.environ.get(ADDRESS_VARIABLE)
         if not address:
             raise Error("INVALID_ARGUMENT", "no daemon address: pass one or set "
@@ -338,7 +341,7 @@ class Client:
         path = _local.socket_path(address) if local_queries else None
         if path is not None and os.path.exists(path):
             try:
-                self._local = _local.LocalQueries(path, timeout)
+                self._local = _local.LocalQueries(path, timeout, direct_reads)
             except (OSError, _local.Refused):
                 pass  # an older daemon, a refusal: gRPC answers the same
 

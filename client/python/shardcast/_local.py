@@ -6,14 +6,21 @@ region of its own (sealed against shrinking) with its first message; a call
 writes the coordinates into the region, sends one small request, and reads
 the vectors the daemon put there. The messages are fixed little-endian
 layouts (common/query_protocol.h), the same as the C++ library speaks.
+
+Single vectors are read here (direct reads, as the C++ library does): the
+daemon hands over a dataset's layout (common/vector_layout.h) and read-only
+descriptors of its files, and this process reads each vector with pread:
+one wake-up per read instead of the daemon's and then this thread's.
 """
 
+import bisect
 import fcntl
 import mmap
 import os
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 
@@ -25,9 +32,18 @@ OUT_ALIGN = 4096
 COORD_BYTES = 24
 _HELLO = struct.Struct("<4sIQ")  # magic, version, region_bytes
 _HELLO_REPLY = struct.Struct("<4sIQ")  # magic, code, max_region_bytes
-_REQUEST = struct.Struct("<4sIQQQQ8x")  # magic, op, id, count, coords, out
-_REPLY = struct.Struct("<4sIQQQQ8x")  # magic, code, id, rows, d_model, need
+_REQUEST = struct.Struct("<4sIQQQQQ")  # magic, op, id, count, coords, out, serial
+_REPLY = struct.Struct("<4sIQQQQQ")  # magic, code, id, rows, d_model, need, serial
 _OP_VECTORS = 1
+_OP_LAYOUT = 2
+_OP_OPEN_FILES = 3
+_MAX_FILES_PER_OPEN = 16
+_ABORTED = 10
+# magic, n_examples, tokens, d_model, layer_file_stride, example_stride,
+# layer_stride, token_stride, then the sizes of the three tables
+_LAYOUT = struct.Struct("<4sqqqqQQQQQQ")
+_LAYOUT_SECONDS = 1.0  # a layout is asked for again after this long
+_MAX_OPEN_FILES = 256  # per dataset; past it, all are closed
 _MAX_REPLY = 16 * 1024
 # The first region: 256 vectors of d_model 1024 and their coordinates (its
 # pages are only touched as calls use them).
@@ -106,6 +122,24 @@ class _Conn:
         self.sock.close()
         self.buffer.close()
 
+    def ask(self, op, dataset, count=0, out=0, serial=0):
+        """One request that reads nothing (a layout, files): (code, rows,
+        serial, message, descriptors); OSError when the connection broke."""
+        request_id = self.next_id
+        self.next_id += 1
+        self.sock.send(_REQUEST.pack(MAGIC, op, request_id, count, 0, out, serial) +
+                       dataset.encode())
+        data, fds, _, _ = socket.recv_fds(self.sock, _MAX_REPLY, _MAX_FILES_PER_OPEN)
+        files = [_File(fd) for fd in fds]
+        if not data:
+            raise ConnectionResetError("the daemon closed the local query socket")
+        if len(data) < _REPLY.size or data[:4] != MAGIC:
+            raise ConnectionResetError("the daemon's local query reply is malformed")
+        _, code, got_id, rows, _, _, got_serial = _REPLY.unpack_from(data)
+        if got_id != request_id:
+            raise ConnectionResetError("the daemon's reply answers another request")
+        return code, rows, got_serial, data[_REPLY.size:], files
+
     def call(self, dataset, coords):
         """float32 [N, D] copied out of the region; Refused with the daemon's
         status (and `need` > 0 when the region is too small); OSError when
@@ -120,13 +154,13 @@ class _Conn:
         request_id = self.next_id
         self.next_id += 1
         name = dataset.encode()
-        self.sock.send(_REQUEST.pack(MAGIC, _OP_VECTORS, request_id, n, 0, out) + name)
+        self.sock.send(_REQUEST.pack(MAGIC, _OP_VECTORS, request_id, n, 0, out, 0) + name)
         data = self.sock.recv(_MAX_REPLY)
         if not data:
             raise ConnectionResetError("the daemon closed the local query socket")
         if len(data) < _REPLY.size or data[:4] != MAGIC:
             raise Refused(15, "the daemon's local query reply is malformed")
-        _, code, got_id, rows, d_model, need = _REPLY.unpack_from(data)
+        _, code, got_id, rows, d_model, need, _ = _REPLY.unpack_from(data)
         if got_id != request_id:
             raise Refused(15, "the daemon's local query reply answers another request")
         if code != 0:
@@ -139,15 +173,157 @@ class _Conn:
                              offset=out).reshape(n, d_model).copy()
 
 
+class _Layout:
+    """Where a dataset's vectors lie (common/vector_layout.h, Find)."""
+
+    def __init__(self, data):
+        if len(data) < _LAYOUT.size or data[:4] != b"SCL1":
+            raise ValueError("not a vector layout")
+        (_, self.n, self.tokens, self.d_model, self.layer_file_stride,
+         self.example_stride, self.layer_stride, self.token_stride,
+         n_layers, n_shards, n_files) = _LAYOUT.unpack_from(data)
+        if len(data) != _LAYOUT.size + 8 * (n_layers + n_shards + n_files):
+            raise ValueError("a vector layout of the wrong size")
+        tables = np.frombuffer(data, dtype="<i8", offset=_LAYOUT.size)
+        self.layers = [int(v) for v in tables[:n_layers]]
+        self.first = [int(v) for v in tables[n_layers:n_layers + n_shards]]
+        self.base = [int(v) & 0xFFFFFFFFFFFFFFFF for v in tables[n_layers + n_shards:]]
+
+    def find(self, example, layer, token):
+        """(file, offset), or None where the daemon would refuse it."""
+        if layer not in self.layers or not 0 <= example < self.n or \
+                not 0 <= token < self.tokens:
+            return None
+        li = self.layers.index(layer)
+        s = bisect.bisect_right(self.first, example) - 1
+        f = s + li * self.layer_file_stride
+        if s < 0 or not 0 <= f < len(self.base):
+            return None
+        return f, (self.base[f] + (example - self.first[s]) * self.example_stride +
+                   li * self.layer_stride + token * self.token_stride)
+
+
+class _File:
+    """A descriptor the daemon handed over; closed when the last read using
+    it lets it go."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __del__(self):
+        os.close(self.fd)
+
+
+class _Direct:
+    """One dataset's layout as the daemon gave it at `fetched`, and the
+    files opened so far."""
+
+    def __init__(self, fetched, serial=0, layout=None):
+        self.fetched = fetched
+        self.serial = serial
+        self.layout = layout  # None: the daemon reads this dataset's vectors
+        self.files = {}
+
+
 class LocalQueries:
     """A pool of connections: each thread calling at once has its own, so
     their calls are in flight together. Thread-safe."""
 
-    def __init__(self, path, timeout):
+    def __init__(self, path, timeout, direct_reads=True):
         self.path = path
         self.timeout = timeout
+        self.direct_reads = direct_reads
         self._lock = threading.Lock()
         self._idle = [_Conn(path, FIRST_REGION_BYTES, timeout)]  # raises
+        self._direct = {}  # dataset -> _Direct
+
+    def _take(self):
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Conn(self.path, FIRST_REGION_BYTES, self.timeout)
+
+    def _give(self, conn):
+        with self._lock:
+            self._idle.append(conn)
+
+    def _ask(self, op, dataset, files=(), serial=0):
+        """A request that reads nothing on a pooled connection, with `files`
+        (indices) in its region: (code, serial, descriptors, the layout's
+        bytes when asked for one); None when the socket failed."""
+        conn = None
+        try:
+            conn = self._take()
+            if files:
+                conn._touch(8 * len(files))
+                conn.buffer[:8 * len(files)] = np.array(files, "<i8").tobytes()
+            code, rows, serial, _, fds = conn.ask(op, dataset, count=len(files),
+                                                  serial=serial)
+        except (OSError, Refused):
+            if conn is not None:
+                conn.close()
+            return None
+        data = bytes(conn.buffer[:rows]) if op == _OP_LAYOUT and code == 0 and \
+            rows <= conn.bytes else b""
+        self._give(conn)
+        return code, serial, fds, data
+
+    def _layout(self, dataset):
+        """The dataset's _Direct, asked for when older than a second."""
+        now = time.monotonic()
+        with self._lock:
+            d = self._direct.get(dataset)
+        if d is not None and now - d.fetched < _LAYOUT_SECONDS:
+            return d
+        fresh = _Direct(now)
+        asked = self._ask(_OP_LAYOUT, dataset)
+        if asked is not None and asked[0] == 0:
+            try:
+                fresh = _Direct(now, asked[1], _Layout(asked[3]))
+            except ValueError:
+                pass  # the daemon reads this dataset's vectors
+        if d is not None and d.layout is not None and d.serial == fresh.serial:
+            fresh.files = d.files  # the same files: keep those open
+        with self._lock:
+            if len(self._direct) >= 64:
+                self._direct.clear()
+            self._direct[dataset] = fresh
+        return fresh
+
+    def _read_direct(self, dataset, coords):
+        """float32 [N, D] read here, or None (the daemon reads them, and says
+        what is wrong)."""
+        d = self._layout(dataset)
+        if d.layout is None:
+            return None
+        places = [d.layout.find(int(e), int(l), int(t)) for e, l, t in coords]
+        if None in places:
+            return None
+        files = {f: d.files.get(f) for f, _ in places}
+        missing = [f for f, h in files.items() if h is None]
+        if missing:
+            if len(missing) > _MAX_FILES_PER_OPEN:
+                return None
+            asked = self._ask(_OP_OPEN_FILES, dataset, missing, d.serial)
+            if asked is None:
+                return None
+            code, _, got, _ = asked
+            if code != 0 or len(got) != len(missing):
+                if code == _ABORTED:  # the dataset changed: a new layout
+                    with self._lock:
+                        self._direct.pop(dataset, None)
+                return None
+            if len(d.files) + len(got) > _MAX_OPEN_FILES:
+                d.files = {}
+            for f, h in zip(missing, got):
+                d.files[f] = files[f] = h
+        D = d.layout.d_model
+        out = np.empty((len(places), D), dtype="<f4")
+        rows = memoryview(out).cast("B")
+        for i, (f, offset) in enumerate(places):
+            if os.preadv(files[f].fd, [rows[i * 4 * D:(i + 1) * 4 * D]], offset) != 4 * D:
+                return None
+        return out
 
     def close(self):
         with self._lock:
@@ -160,6 +336,10 @@ class LocalQueries:
         (the daemon went away, restarted without it, or refuses another
         connection: ask over gRPC). Refused with the daemon's error
         otherwise."""
+        if self.direct_reads and len(coords) == 1:
+            got = self._read_direct(dataset, coords)
+            if got is not None:
+                return got
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         region = FIRST_REGION_BYTES
