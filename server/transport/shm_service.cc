@@ -22,6 +22,9 @@
 namespace shardcast {
 namespace {
 
+// Connections past max_connections waiting to be told so (at their request).
+constexpr int kRefusedSlack = 64;
+
 // Counters shared by the service and its regions (which may outlive it).
 struct ShmCounters {
   std::atomic<int64_t> regions{0};
@@ -323,12 +326,17 @@ void ShmService::Loop() {
               "--allow-group");
           conns.push_back(std::move(c));
         } else if (static_cast<int>(conns.size()) >= options_.max_connections) {
-          shm::RegionReply reply;
-          reply.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
-          reply.message = absl::StrCat("the daemon has ", conns.size(),
-                                       " shared-memory connections open, "
-                                       "its limit; try again later");
-          SendReply(fd, reply, -1).IgnoreError();
+          // Also answered at its request (a reply sent now, the request
+          // unread, then a close would reach the client as ECONNRESET).
+          // Far past the limit (clients that never ask), closed unanswered.
+          if (static_cast<int>(conns.size()) <
+              options_.max_connections + kRefusedSlack) {
+            c->refusal = absl::UnavailableError(
+                absl::StrCat("the daemon has ", options_.max_connections,
+                             " shared-memory connections open, its limit; "
+                             "try again later"));
+            conns.push_back(std::move(c));
+          }
         } else {
           conns.push_back(std::move(c));
         }

@@ -59,7 +59,8 @@ class GatedPopulate {
 
 class ShmServiceTest : public ::testing::Test {
  protected:
-  void Start(std::function<void(char*, uint64_t)> populate) {
+  void Start(std::function<void(char*, uint64_t)> populate,
+             int max_connections = 256) {
     EngineOptions o;
     o.roots = {tmp_.path()};
     o.reservoir.slot_bytes = kMiB;
@@ -70,6 +71,7 @@ class ShmServiceTest : public ::testing::Test {
     ShmServiceOptions so;
     so.path = socket_;
     so.populate = std::move(populate);
+    so.max_connections = max_connections;
     auto s = ShmService::Start(so, engine_.get());
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = std::move(*s);
@@ -145,6 +147,35 @@ TEST_F(ShmServiceTest, TheDefaultPopulationFaultsInTheWholeRegion) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(best, 8 * 1024u) << "kB resident of the daemon's 8 MiB mapping";
+}
+
+// Over max_connections, a client is told why at its request: a refusal
+// sent at accept, its request unread, then a close reached it as
+// ECONNRESET, with the reason lost. Once a connection closes, a new one is
+// served.
+TEST_F(ShmServiceTest, AConnectionOverTheLimitIsToldWhy) {
+  Start(nullptr, 2);
+  std::vector<std::shared_ptr<const ClientRegion>> regions;
+  for (int i = 0; i < 2; ++i) {
+    auto r = ClientRegion::Open(socket_, 2, kMiB);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    regions.push_back(*r);
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto over = ClientRegion::Open(socket_, 2, kMiB);
+    ASSERT_FALSE(over.ok());
+    EXPECT_EQ(over.status().code(), absl::StatusCode::kUnavailable)
+        << over.status();
+    EXPECT_NE(over.status().message().find("its limit"), std::string::npos)
+        << over.status();
+  }
+  regions[0]->Disconnect();
+  bool served = false;  // once the daemon has seen the close
+  for (int i = 0; i < 200 && !served; ++i) {
+    served = ClientRegion::Open(socket_, 2, kMiB).ok();
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(served);
 }
 
 }  // namespace
