@@ -16,7 +16,12 @@
 // absl::StatusCode and its message, or `need_region_bytes` > 0 when the
 // vectors do not fit in the region (the client then reconnects with a larger
 // one). Per call this costs each side one message and, in the daemon, no
-// thread hop: one thread serves every connection from one io_uring.
+// thread hop: a few threads serve the connections, each from its own
+// io_uring.
+//
+// Direct reads: a client may instead ask for a dataset's layout
+// (Op::kLayout) and read-only descriptors of its files (Op::kOpenFiles),
+// and read vectors itself with pread (README.md, "Local queries").
 //
 // All messages are little-endian fixed layouts followed by UTF-8 text (an
 // error's message, a request's dataset), so any language can speak them.

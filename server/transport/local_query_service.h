@@ -17,6 +17,12 @@
 // read completes. The reads of all clients are in flight together, as
 // fio's are at the matching queue depth; no call waits on another's reads.
 //
+// Direct reads (LocalQueryOptions::direct_reads): a connection may also ask
+// for a dataset's layout, written into its region, and read-only
+// descriptors of the dataset's files (QueryEngine::Layout, OpenFiles); the
+// client then reads single vectors itself, with one wake-up per read
+// instead of two. Both are answered at once, without the ring.
+//
 // Safety: a region must be a memfd sealed against shrinking (checked before
 // it is mapped), so no write of the daemon can fault; its size is capped.
 // The daemon copies a request's coordinates out of the region before
