@@ -471,6 +471,7 @@ void LocalQueryService::Loop::OnDirect(Conn& c, const lq::Request& request) {
     Close(c);
     return;
   }
+  metrics_->direct_read_files += raw.size();
   if (!stopping_) ArmPoll(c);
 }
 

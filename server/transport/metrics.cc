@@ -125,6 +125,11 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          "GetVectors calls on the local query socket (PATH.query), "
          "without gRPC.",
          queries_local.load());
+  metric("shardcast_direct_read_files_total", "counter",
+         "Read-only descriptors of dataset files handed to local query "
+         "clients, which then read single vectors themselves (direct "
+         "reads, not counted as calls).",
+         direct_read_files.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

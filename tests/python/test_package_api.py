@@ -248,11 +248,18 @@ def test_single_vectors_are_read_by_the_client_itself(start_daemon, datasets):
     def local_calls():
         return metric_samples(port)["shardcast_queries_local_total"]
 
+    def files_handed_over():
+        return metric_samples(port)["shardcast_direct_read_files_total"]
+
     with shardcast.Client(d.address) as client:
         before = local_calls()
         for name in ("main", "plain", "v1", "saev"):
             singles(client, getattr(datasets, name), 30)
         assert local_calls() == before, "single vectors went to the daemon"
+        # At least one file of each dataset, each once (30 reads each).
+        assert 4 <= files_handed_over() <= sum(
+            len(list(getattr(datasets, n).path.glob("acts*.bin")))
+            for n in ("main", "plain", "v1", "saev"))
         r = datasets.main
         got = client.get_vectors(r.id, [(0, r.layers[0], 0), (r.N - 1, r.layers[-1], r.T - 1)])
         ref.assert_f32_equal(got[1], r.vector(r.N - 1, r.layers[-1], r.T - 1), "two")
@@ -272,6 +279,7 @@ def test_single_vectors_are_read_by_the_client_itself(start_daemon, datasets):
         before = local_calls()
         singles(client, datasets.main, 5)
         assert local_calls() == before + 5
+        assert files_handed_over() == 0
 
 
 def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
