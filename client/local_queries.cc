@@ -1,6 +1,7 @@
 #include "client/local_queries.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -9,11 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/file.h"
 #include "common/query_protocol.h"
 #include "common/status.h"
@@ -93,14 +93,13 @@ struct LocalQueries::Pool {
 // One dataset's direct reads: its layout as the daemon described it at
 // `fetched`, and the descriptors of its files opened so far.
 struct LocalQueries::Direct {
-  absl::Time fetched;
+  std::chrono::steady_clock::time_point fetched;  // not the wall clock
   bool offered = false;  // false: the daemon reads this dataset's vectors
   uint64_t serial = 0;
   VectorLayout layout;
   Mutex mu;
   // Index = file; null until opened. Shared with the reads using them.
   std::vector<std::shared_ptr<const UniqueFd>> files ABSL_GUARDED_BY(mu);
-  size_t opened ABSL_GUARDED_BY(mu) = 0;
 };
 
 LocalQueries::LocalQueries(std::string path, int timeout_seconds,
@@ -317,10 +316,11 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
     const std::string& dataset) {
   // How long a layout is used before the daemon is asked again: a dataset
   // the daemon stops serving (a rescan) is read here at most this long.
-  constexpr absl::Duration kLayoutAge = absl::Seconds(1);
+  constexpr std::chrono::seconds kLayoutAge(1);
   // Datasets remembered at once; past it all are forgotten.
   constexpr size_t kMaxDatasets = 64;
-  const absl::Time now = absl::Now();
+  if (direct_unimplemented_.load(std::memory_order_relaxed)) return nullptr;
+  const auto now = std::chrono::steady_clock::now();
   std::shared_ptr<Direct> old;
   {
     MutexLock lock(&direct_mu_);
@@ -330,6 +330,9 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
         return it->second->offered ? it->second : nullptr;
       }
       old = it->second;
+      // Not used past its age, whatever the refresh below gives: a failed
+      // one (the daemon restarting) must not leave the old files in use.
+      direct_.erase(it);
     }
   }
   if (dataset.size() > lq::kMaxDatasetBytes) return nullptr;
@@ -344,6 +347,9 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
   std::vector<UniqueFd> fds;
   absl::StatusOr<lq::Reply> reply = Ask(**c, request, &fds);
   if (!reply.ok()) return nullptr;  // the connection goes with `c`
+  if (reply->code == static_cast<uint32_t>(absl::StatusCode::kUnimplemented)) {
+    direct_unimplemented_.store(true, std::memory_order_relaxed);
+  }
   if (reply->code == 0 && reply->rows <= (*c)->bytes) {
     absl::StatusOr<VectorLayout> layout = VectorLayout::Decode(
         absl::string_view((*c)->base, static_cast<size_t>(reply->rows)));
@@ -364,7 +370,6 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
     if (old != nullptr && old->offered && old->serial == d->serial) {
       MutexLock old_lock(&old->mu);  // the same files: keep those open
       d->files = old->files;
-      d->opened = old->opened;
     }
   }
   MutexLock lock(&direct_mu_);
@@ -375,8 +380,16 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
 
 std::optional<VectorBlock> LocalQueries::ReadDirect(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  // Descriptors one dataset keeps open here; past it, all are closed.
-  constexpr size_t kMaxOpenFiles = 256;
+  // Descriptors of dataset files this process keeps open at most (a
+  // quarter of its descriptor limit, at most 256): past it, vectors in
+  // files not open yet are read by the daemon.
+  static const int64_t kMaxOpenFiles = [] {
+    struct rlimit r;
+    if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) {
+      return int64_t{256};
+    }
+    return std::min<int64_t>(256, static_cast<int64_t>(r.rlim_cur / 4));
+  }();
   std::shared_ptr<Direct> d = DirectFor(dataset);
   if (d == nullptr) return std::nullopt;
   std::vector<VectorLayout::Place> places(coords.size());
@@ -400,7 +413,12 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
     }
   }
   if (!missing.empty()) {
-    if (missing.size() > lq::kMaxFilesPerOpen) return std::nullopt;
+    if (missing.size() > lq::kMaxFilesPerOpen ||
+        open_files_->load(std::memory_order_relaxed) +
+                static_cast<int64_t>(missing.size()) >
+            kMaxOpenFiles) {
+      return std::nullopt;
+    }
     absl::StatusOr<std::unique_ptr<Conn>> c = Take();
     if (!c.ok()) return std::nullopt;
     (*c)->Touch(missing.size() * sizeof(int64_t));
@@ -423,14 +441,15 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
       return std::nullopt;
     }
     MutexLock lock(&d->mu);
-    if (d->opened + got.size() > kMaxOpenFiles) {
-      for (auto& f : d->files) f.reset();
-      d->opened = 0;
-    }
     for (size_t k = 0; k < missing.size(); ++k) {
-      auto fd = std::make_shared<const UniqueFd>(std::move(got[k]));
+      open_files_->fetch_add(1, std::memory_order_relaxed);
+      std::shared_ptr<const UniqueFd> fd(
+          new UniqueFd(std::move(got[k])),
+          [count = open_files_](const UniqueFd* f) {
+            delete f;
+            count->fetch_sub(1, std::memory_order_relaxed);
+          });
       d->files[static_cast<size_t>(missing[k])] = fd;
-      ++d->opened;
       for (size_t i = 0; i < places.size(); ++i) {
         if (places[i].file == missing[k]) fds[i] = fd;
       }

@@ -6,6 +6,7 @@
 #ifndef SHARDCAST_CLIENT_LOCAL_QUERIES_H_
 #define SHARDCAST_CLIENT_LOCAL_QUERIES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,7 +75,7 @@ class LocalQueries {
   std::optional<VectorBlock> ReadDirect(const std::string& dataset,
                                         const std::vector<VectorCoord>& coords);
   // `dataset`'s layout, asked for when this process has none from the
-  // last kLayoutSeconds; null when the daemon offers no direct reads of it.
+  // last second; null when the daemon offers no direct reads of it.
   std::shared_ptr<Direct> DirectFor(const std::string& dataset)
       ABSL_LOCKS_EXCLUDED(direct_mu_);
   void Forget(const std::string& dataset) ABSL_LOCKS_EXCLUDED(direct_mu_);
@@ -101,6 +102,13 @@ class LocalQueries {
   Mutex direct_mu_;
   std::map<std::string, std::shared_ptr<Direct>> direct_
       ABSL_GUARDED_BY(direct_mu_);
+  // The daemon answered a layout request UNIMPLEMENTED (it predates direct
+  // reads): not asked again.
+  std::atomic<bool> direct_unimplemented_{false};
+  // Descriptors of dataset files open here, all datasets together (each
+  // holder decrements it when it closes); see ReadDirect.
+  const std::shared_ptr<std::atomic<int64_t>> open_files_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace internal_client

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <atomic>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -13,7 +14,12 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     const std::string& dir) {
   ASSIGN_OR_RETURN(DatasetInfo info, OpenDatasetInfo(dir));
   std::unique_ptr<DatasetReader> reader(new DatasetReader(std::move(info)));
-  static std::atomic<uint64_t> opened{0};
+  // From a random start per process, so that a restarted daemon, which
+  // opens the same datasets in the same order, numbers them differently.
+  static std::atomic<uint64_t> opened{[] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }()};
   reader->serial_ = opened.fetch_add(1, std::memory_order_relaxed) + 1;
   for (const ShardEntry& s : reader->desc().shards) {
     UniqueFd fd;

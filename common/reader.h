@@ -42,7 +42,8 @@ class DatasetReader {
   const DatasetDesc& desc() const { return info_.desc; }
   /// Tells this reader's open files apart from those of every other
   /// reader this process opened (a rescan's reader of the same directory
-  /// included): numbered from 1 in opening order.
+  /// included), and, with a random start per process, from another
+  /// process's (a restarted daemon's).
   uint64_t serial() const { return serial_; }
 
   /// The bytes of (example, layer value, token index in [0, T)): D floats.

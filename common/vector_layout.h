@@ -58,7 +58,9 @@ struct VectorLayout {
   /// Little-endian bytes ("SCL1", the numbers, then the three tables).
   std::string Encode() const;
   /// DATA_LOSS naming what is wrong when `bytes` are not a layout Encode()
-  /// could have made (short, a table out of order, sizes that overflow).
+  /// could have made (short, a table out of order, table sizes that do not
+  /// add up, files missing). Strides are not checked: an offset past a
+  /// file's end gives a short read, which the reader must treat as failed.
   static absl::StatusOr<VectorLayout> Decode(absl::string_view bytes);
 };
 

@@ -266,6 +266,14 @@ void ShmService::Serve(Connection& c) {
   populate_ready_.Signal();
 }
 
+// Connections counted against max_connections: those not being refused.
+int ShmService::Admitted(
+    const std::vector<std::unique_ptr<Connection>>& conns) {
+  int n = 0;
+  for (const auto& c : conns) n += c->refusal.ok() ? 1 : 0;
+  return n;
+}
+
 void ShmService::Loop() {
   std::vector<std::unique_ptr<Connection>> conns;
   std::vector<struct pollfd> fds;
@@ -325,7 +333,7 @@ void ShmService::Loop() {
               "this user may not use shardcastd: not in --allow-user / "
               "--allow-group");
           conns.push_back(std::move(c));
-        } else if (static_cast<int>(conns.size()) >= options_.max_connections) {
+        } else if (Admitted(conns) >= options_.max_connections) {
           // Also answered at its request (a reply sent now, the request
           // unread, then a close would reach the client as ECONNRESET).
           // Far past the limit (clients that never ask), closed unanswered.

@@ -120,6 +120,7 @@ class ShmService {
   ShmService(ShmServiceOptions options, Engine* engine)
       : options_(std::move(options)), engine_(engine) {}
   void Loop();
+  static int Admitted(const std::vector<std::unique_ptr<Connection>>& conns);
   // Populates the regions queued by Serve, one after another.
   void PopulateLoop() ABSL_LOCKS_EXCLUDED(populate_mu_);
   // Answers one RegionRequest on `c`; the region is registered on success.

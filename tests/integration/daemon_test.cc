@@ -1253,6 +1253,11 @@ TEST_F(DaemonTest, SeveralLocalQueryThreadsShareTheConnections) {
   EXPECT_TRUE(admitted);
 }
 
+bool IsSocket(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 // Calls the daemon counted (GetStatus's calls_total, which counts the
 // status call itself too).
 uint64_t CallsCounted(Client* client) {
@@ -1438,6 +1443,25 @@ TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
   ASSERT_EQ(reply.code, 0u) << reply.message;
   EXPECT_EQ(reinterpret_cast<const float*>(raw.base() + 4096)[9],
             Expected(7, 0, 0, 9));
+  // A restarted daemon opens the same datasets in the same order; their
+  // serials still differ, so a client's old descriptors are not taken for
+  // the new daemon's files.
+  layout.out_offset = 4096;
+  const uint64_t before_restart = raw.Call(layout).serial;
+  // Stopped cleanly, so that its sockets are gone before the next starts.
+  ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
+  ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(10)), -1);
+  daemon_ = StartDaemon();
+  for (int i = 0; i < 200 && !IsSocket(socket_ + ".query"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  RawQueryConnection again(socket_ + ".query");
+  ASSERT_TRUE(again.connected());
+  again.MakeRegion(1 << 16, true);
+  ASSERT_EQ(again.Hello(1 << 16).code, 0u);
+  reply = again.Call(layout);
+  ASSERT_EQ(reply.code, 0u) << reply.message;
+  EXPECT_NE(reply.serial, before_restart);
 }
 
 TEST_F(DaemonTest, SighupRescansTheRoots) {

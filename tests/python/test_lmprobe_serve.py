@@ -112,6 +112,27 @@ def test_random_access_reads_the_rows_written(start_daemon, probes):
             assert err.value.code == code, (bad, err.value)
 
 
+def test_single_vectors_read_directly_are_the_rows_written(start_daemon, probes):
+    """One vector per call is read by the client itself from the tensor
+    files (lmprobe's layer-major files, each tensor at its own offset, an
+    empty shard between), for every row of every layer; the daemon handed
+    over the descriptors and counted no call for them."""
+    import re
+    from sysprobe import metric_samples
+    root, pooled, seq, _, _ = probes
+    d = start_daemon("--http", "127.0.0.1:0", roots=[root])
+    port = int(re.search(r"HTTP admin on 127\.0\.0\.1:(\d+)", d.log.read_text()).group(1))
+    with shardcast.Client(d.address) as client:
+        before = metric_samples(port)["shardcast_queries_local_total"]
+        for p in (pooled, seq):
+            for c in p.selection():
+                got = client.get_vectors(p.id, [c])
+                np.testing.assert_array_equal(got, p.values([c]), err_msg=f"{p.id} {c}")
+        samples = metric_samples(port)
+    assert samples["shardcast_queries_local_total"] == before
+    assert samples["shardcast_direct_read_files_total"] >= 2
+
+
 @pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "grpc"])
 @pytest.mark.parametrize("order", ["shuffled", "ordered"])
 @pytest.mark.parametrize("layer", [8, None], ids=["one-layer", "all-layers"])

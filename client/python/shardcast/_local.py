@@ -39,6 +39,7 @@ _OP_LAYOUT = 2
 _OP_OPEN_FILES = 3
 _MAX_FILES_PER_OPEN = 16
 _ABORTED = 10
+_UNIMPLEMENTED = 12
 # magic, n_examples, tokens, d_model, layer_file_stride, example_stride,
 # layer_stride, token_stride, then the sizes of the three tables
 _LAYOUT = struct.Struct("<4sqqqqQQQQQQ")
@@ -131,6 +132,8 @@ class _Conn:
                        dataset.encode())
         data, fds, _, _ = socket.recv_fds(self.sock, _MAX_REPLY, _MAX_FILES_PER_OPEN)
         files = [_File(fd) for fd in fds]
+        for f in files:  # recv_fds does not set close-on-exec
+            os.set_inheritable(f.fd, False)
         if not data:
             raise ConnectionResetError("the daemon closed the local query socket")
         if len(data) < _REPLY.size or data[:4] != MAGIC:
@@ -236,6 +239,7 @@ class LocalQueries:
         self._lock = threading.Lock()
         self._idle = [_Conn(path, FIRST_REGION_BYTES, timeout)]  # raises
         self._direct = {}  # dataset -> _Direct
+        self._unimplemented = False  # a daemon from before direct reads
 
     def _take(self):
         with self._lock:
@@ -276,7 +280,11 @@ class LocalQueries:
         if d is not None and now - d.fetched < _LAYOUT_SECONDS:
             return d
         fresh = _Direct(now)
+        if self._unimplemented:
+            return fresh
         asked = self._ask(_OP_LAYOUT, dataset)
+        if asked is not None and asked[0] == _UNIMPLEMENTED:
+            self._unimplemented = True
         if asked is not None and asked[0] == 0:
             try:
                 fresh = _Direct(now, asked[1], _Layout(asked[3]))
@@ -320,14 +328,21 @@ class LocalQueries:
         D = d.layout.d_model
         out = np.empty((len(places), D), dtype="<f4")
         rows = memoryview(out).cast("B")
-        for i, (f, offset) in enumerate(places):
-            if os.preadv(files[f].fd, [rows[i * 4 * D:(i + 1) * 4 * D]], offset) != 4 * D:
-                return None
+        try:
+            for i, (f, offset) in enumerate(places):
+                if os.preadv(files[f].fd, [rows[i * 4 * D:(i + 1) * 4 * D]],
+                             offset) != 4 * D:
+                    return None
+        except OSError:  # the daemon reads them, and says what is wrong
+            with self._lock:
+                self._direct.pop(dataset, None)
+            return None
         return out
 
     def close(self):
         with self._lock:
             idle, self._idle = self._idle, []
+            self._direct = {}  # their files close with the last read using them
         for c in idle:
             c.close()
 
