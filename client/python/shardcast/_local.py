@@ -17,6 +17,7 @@ import bisect
 import fcntl
 import mmap
 import os
+import resource
 import socket
 import struct
 import threading
@@ -44,7 +45,17 @@ _UNIMPLEMENTED = 12
 # layer_stride, token_stride, then the sizes of the three tables
 _LAYOUT = struct.Struct("<4sqqqqQQQQQQ")
 _LAYOUT_SECONDS = 1.0  # a layout is asked for again after this long
-_MAX_OPEN_FILES = 256  # per dataset; past it, all are closed
+
+
+def _max_open_files():
+    """Dataset files kept open, all datasets together: a quarter of the
+    descriptor limit, at most 256 (past it, the daemon reads the vectors of
+    files not open yet)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 256 if soft == resource.RLIM_INFINITY else min(256, soft // 4)
+
+
+_MAX_OPEN_FILES = _max_open_files()
 _MAX_REPLY = 16 * 1024
 # The first region: 256 vectors of d_model 1024 and their coordinates (its
 # pages are only touched as calls use them).
@@ -310,7 +321,10 @@ class LocalQueries:
         files = {f: d.files.get(f) for f, _ in places}
         missing = [f for f, h in files.items() if h is None]
         if missing:
-            if len(missing) > _MAX_FILES_PER_OPEN:
+            with self._lock:
+                held = sum(len(x.files) for x in self._direct.values())
+            if len(missing) > _MAX_FILES_PER_OPEN or \
+                    held + len(missing) > _MAX_OPEN_FILES:
                 return None
             asked = self._ask(_OP_OPEN_FILES, dataset, missing, d.serial)
             if asked is None:
@@ -321,8 +335,6 @@ class LocalQueries:
                     with self._lock:
                         self._direct.pop(dataset, None)
                 return None
-            if len(d.files) + len(got) > _MAX_OPEN_FILES:
-                d.files = {}
             for f, h in zip(missing, got):
                 d.files[f] = files[f] = h
         D = d.layout.d_model
