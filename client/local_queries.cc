@@ -35,24 +35,23 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 // The longest message the daemon sends: a reply and its error message.
 constexpr size_t kMaxReplyBytes = 16 * 1024;
 
-// Receives one message (blocking) into `buf`; the error when the connection
-// broke or the daemon closed it. (Not a std::string: zeroing its bytes
-// first was a fifth of the client's time per call.)
-absl::StatusOr<absl::string_view> Receive(int fd, char (&buf)[kMaxReplyBytes]) {
-  ssize_t n;
-  do {
-    n = ::recv(fd, buf, sizeof(buf), MSG_TRUNC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return ErrnoToStatus(errno, "the local query socket");
+// Receives one message (blocking) into `buf`, and the descriptors it
+// carries into `fds`; the error when the connection broke or the daemon
+// closed it. (Not a std::string: zeroing its bytes first was a fifth of the
+// client's time per call.)
+absl::StatusOr<absl::string_view> Receive(int fd, char (&buf)[kMaxReplyBytes],
+                                          std::vector<UniqueFd>* fds) {
+  ASSIGN_OR_RETURN(const size_t n,
+                   ReceiveWithDescriptors(fd, absl::MakeSpan(buf), fds));
   if (n == 0) {
     return absl::UnavailableError("the daemon closed the local query socket");
   }
-  if (static_cast<size_t>(n) > sizeof(buf)) {
+  if (n > sizeof(buf)) {
     return absl::DataLossError(absl::StrCat("a local query reply of ", n,
                                             " bytes; at most ", sizeof(buf),
                                             " expected"));
   }
-  return absl::string_view(buf, static_cast<size_t>(n));
+  return absl::string_view(buf, n);
 }
 
 }  // namespace
@@ -199,7 +198,8 @@ absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
   hello.region_bytes = region_bytes;
   RETURN_IF_ERROR(SendWithDescriptor(c->fd.get(), hello.Encode(), memfd.get()));
   char buf[kMaxReplyBytes];
-  ASSIGN_OR_RETURN(absl::string_view bytes, Receive(c->fd.get(), buf));
+  std::vector<UniqueFd> none;  // a hello's reply carries no descriptor
+  ASSIGN_OR_RETURN(absl::string_view bytes, Receive(c->fd.get(), buf, &none));
   lq::HelloReply reply;
   if (!reply.Decode(bytes)) {
     return absl::DataLossError("not a local query hello reply");
@@ -240,25 +240,12 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     p += sizeof(triple);
   }
   lq::Request request;
-  request.id = c.next_id++;
   request.count = n;
   request.coords_offset = 0;
   request.out_offset = out_offset;
   request.dataset = dataset;
-  absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
-  if (!sent.ok()) return absl::UnavailableError(sent.message());
-  char buf[kMaxReplyBytes];
-  absl::StatusOr<absl::string_view> bytes = Receive(c.fd.get(), buf);
-  if (!bytes.ok()) {
-    return absl::IsDataLoss(bytes.status())
-               ? bytes.status()
-               : absl::UnavailableError(bytes.status().message());
-  }
-  lq::Reply reply;
-  if (!reply.Decode(*bytes) || reply.id != request.id) {
-    return absl::DataLossError(
-        "the daemon's local query reply does not answer the request");
-  }
+  std::vector<UniqueFd> none;  // a reply to vectors carries no descriptor
+  ASSIGN_OR_RETURN(const lq::Reply reply, Ask(c, std::move(request), &none));
   if (reply.code != 0) {
     *need = reply.need_region_bytes;
     return absl::Status(static_cast<absl::StatusCode>(reply.code),
@@ -288,19 +275,20 @@ absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Take() {
   return Connect(kFirstRegionBytes);
 }
 
-absl::StatusOr<lq::Reply> LocalQueries::Ask(Conn& c, const lq::Request& request,
+absl::StatusOr<lq::Reply> LocalQueries::Ask(Conn& c, lq::Request request,
                                             std::vector<UniqueFd>* fds) {
+  request.id = c.next_id++;
   absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
   if (!sent.ok()) return absl::UnavailableError(sent.message());
   char buf[kMaxReplyBytes];
-  absl::StatusOr<size_t> n =
-      ReceiveWithDescriptors(c.fd.get(), absl::MakeSpan(buf), fds);
-  if (!n.ok() || *n == 0) {
-    return absl::UnavailableError("the local query socket broke");
+  absl::StatusOr<absl::string_view> bytes = Receive(c.fd.get(), buf, fds);
+  if (!bytes.ok()) {
+    return absl::IsDataLoss(bytes.status())
+               ? bytes.status()
+               : absl::UnavailableError(bytes.status().message());
   }
   lq::Reply reply;
-  if (*n > sizeof(buf) || !reply.Decode(absl::string_view(buf, *n)) ||
-      reply.id != request.id) {
+  if (!reply.Decode(*bytes) || reply.id != request.id) {
     return absl::DataLossError(
         "the daemon's local query reply does not answer the request");
   }
@@ -342,10 +330,9 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
   d->fetched = now;
   lq::Request request;
   request.op = lq::Op::kLayout;
-  request.id = (*c)->next_id++;
   request.dataset = dataset;
   std::vector<UniqueFd> fds;
-  absl::StatusOr<lq::Reply> reply = Ask(**c, request, &fds);
+  absl::StatusOr<lq::Reply> reply = Ask(**c, std::move(request), &fds);
   if (!reply.ok()) return nullptr;  // the connection goes with `c`
   if (reply->code == static_cast<uint32_t>(absl::StatusCode::kUnimplemented)) {
     direct_unimplemented_.store(true, std::memory_order_relaxed);
@@ -425,12 +412,11 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
     std::memcpy((*c)->base, missing.data(), missing.size() * sizeof(int64_t));
     lq::Request request;
     request.op = lq::Op::kOpenFiles;
-    request.id = (*c)->next_id++;
     request.count = missing.size();
     request.serial = d->serial;
     request.dataset = dataset;
     std::vector<UniqueFd> got;
-    absl::StatusOr<lq::Reply> reply = Ask(**c, request, &got);
+    absl::StatusOr<lq::Reply> reply = Ask(**c, std::move(request), &got);
     if (!reply.ok()) return std::nullopt;
     Return(*std::move(c));
     if (reply->code != 0 || got.size() != missing.size()) {

@@ -64,11 +64,11 @@ class LocalQueries {
   LocalQueries(std::string path, int timeout_seconds, bool direct_reads);
   // An idle connection, or a new one (the error when none can be made).
   absl::StatusOr<std::unique_ptr<Conn>> Take();
-  // One request that reads nothing (Op::kLayout, kOpenFiles) on `c`: the
-  // reply, and the descriptors it carried in `fds`. UNAVAILABLE when the
-  // connection broke (the caller drops it).
-  absl::StatusOr<local_query::Reply> Ask(Conn& c,
-                                         const local_query::Request& request,
+  // Sends `request` on `c` (its id set here) and returns the reply that
+  // answers it, and the descriptors it carried in `fds`. UNAVAILABLE when
+  // the connection broke, DATA_LOSS for a reply that does not answer it
+  // (either way the caller drops `c`).
+  absl::StatusOr<local_query::Reply> Ask(Conn& c, local_query::Request request,
                                          std::vector<UniqueFd>* fds);
   // The vectors read here (Direct); nullopt when they cannot be (the daemon
   // then reads them and says why).

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -615,17 +616,7 @@ TEST(ParseShards, EntriesWhoseSumWouldWrapAreRejected) {
 TEST(Locate, ExternalLayoutFindsTheRowInTheLayersOwnFile) {
   // Two layers, shards of 3, 0 and 2 rows: files l * 3 + s, each tensor at
   // its own offset; D = 4 (16-byte rows).
-  DatasetDesc d;
-  d.layers = {7, -1};
-  d.tokens_per_example = 1;
-  d.content_tokens = 1;
-  d.d_model = 4;
-  d.n_examples = 5;
-  auto x = std::make_shared<ExternalLayout>();
-  x->format = "lmprobe";
-  x->first_example = {0, 3, 3};
-  x->tensor_offset = {100, 0, 200, 300, 0, 408};
-  d.external = x;
+  const DatasetDesc d = SmallLmprobeDesc();
   struct Case {
     int64_t example, layer;
     int64_t file;

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 
+#include "common/metadata.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {
@@ -49,6 +51,25 @@ inline void WriteFile(const std::string& path, const std::string& contents) {
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// A small lmprobe-layout description (no files): layers 7 and -1, shards
+/// of 3, 0 and 2 rows, file l * 3 + s for layer index l and shard s, each
+/// tensor at its own offset (100, 0, 200, 300, 0, 408); D = 4 (16-byte
+/// rows).
+inline DatasetDesc SmallLmprobeDesc() {
+  DatasetDesc d;
+  d.layers = {7, -1};
+  d.tokens_per_example = 1;
+  d.content_tokens = 1;
+  d.d_model = 4;
+  d.n_examples = 5;
+  auto x = std::make_shared<ExternalLayout>();
+  x->format = "lmprobe";
+  x->first_example = {0, 3, 3};
+  x->tensor_offset = {100, 0, 200, 300, 0, 408};
+  d.external = x;
+  return d;
 }
 
 }  // namespace shardcast

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,23 +28,6 @@ DatasetDesc Saev() {
   d.d_model = 4;
   d.n_examples = 10;
   d.examples_per_shard = 3;
-  return d;
-}
-
-// lmprobe: two layers, shards of 3, 0 and 2 rows, files l * 3 + s with
-// their tensors at their own offsets (metadata_test's Locate case).
-DatasetDesc Lmprobe() {
-  DatasetDesc d;
-  d.layers = {7, -1};
-  d.tokens_per_example = 1;
-  d.content_tokens = 1;
-  d.d_model = 4;
-  d.n_examples = 5;
-  auto x = std::make_shared<ExternalLayout>();
-  x->format = "lmprobe";
-  x->first_example = {0, 3, 3};
-  x->tensor_offset = {100, 0, 200, 300, 0, 408};
-  d.external = x;
   return d;
 }
 
@@ -84,14 +68,14 @@ TEST(VectorLayout, SaevShardsMatchLocate) {
 }
 
 TEST(VectorLayout, LmprobeFilesMatchLocate) {
-  const DatasetDesc d = Lmprobe();
+  const DatasetDesc d = SmallLmprobeDesc();
   const VectorLayout l = VectorLayout::Of(d);
   EXPECT_EQ(l.num_files(), 6);
   ExpectSameAsLocate(d, l);
 }
 
 TEST(VectorLayout, DecodesWhatItEncodes) {
-  for (const DatasetDesc& d : {Saev(), Lmprobe()}) {
+  for (const DatasetDesc& d : {Saev(), SmallLmprobeDesc()}) {
     absl::StatusOr<VectorLayout> l =
         VectorLayout::Decode(VectorLayout::Of(d).Encode());
     ASSERT_TRUE(l.ok()) << l.status();
@@ -100,7 +84,7 @@ TEST(VectorLayout, DecodesWhatItEncodes) {
 }
 
 TEST(VectorLayout, DecodeRefusesWhatIsNotALayout) {
-  const std::string good = VectorLayout::Of(Lmprobe()).Encode();
+  const std::string good = VectorLayout::Of(SmallLmprobeDesc()).Encode();
   auto expect_bad = [](const std::string& bytes, const std::string& why) {
     absl::StatusOr<VectorLayout> l = VectorLayout::Decode(bytes);
     ASSERT_FALSE(l.ok()) << why;
@@ -114,11 +98,11 @@ TEST(VectorLayout, DecodeRefusesWhatIsNotALayout) {
   expect_bad(good.substr(0, good.size() - 8), "one entry short");
   expect_bad(good + std::string(8, '\0'), "one entry more");
   // first_example {0, 3, 3} -> {0, 3, 2}: not ascending.
-  VectorLayout l = VectorLayout::Of(Lmprobe());
+  VectorLayout l = VectorLayout::Of(SmallLmprobeDesc());
   l.first_example = {0, 3, 2};
   expect_bad(l.Encode(), "not ascending");
   // Two layers of three shards need six files; five listed.
-  l = VectorLayout::Of(Lmprobe());
+  l = VectorLayout::Of(SmallLmprobeDesc());
   l.file_base.pop_back();
   expect_bad(l.Encode(), "too few files");
   // A count that would wrap the size check.

@@ -134,25 +134,32 @@ class _Conn:
         self.sock.close()
         self.buffer.close()
 
-    def ask(self, op, dataset, count=0, out=0, serial=0):
-        """One request that reads nothing (a layout, files): (code, rows,
-        serial, message, descriptors); OSError when the connection broke."""
+    def request(self, op, dataset, count=0, out=0, serial=0, with_fds=False):
+        """Sends one request: the reply's (code, rows, d_model, need, serial,
+        message), and the descriptors it carried (with_fds: an open-files
+        reply's). OSError when the connection broke; Refused(15) for a reply
+        that does not answer the request."""
         request_id = self.next_id
         self.next_id += 1
         self.sock.send(_REQUEST.pack(MAGIC, op, request_id, count, 0, out, serial) +
                        dataset.encode())
-        data, fds, _, _ = socket.recv_fds(self.sock, _MAX_REPLY, _MAX_FILES_PER_OPEN)
-        files = [_File(fd) for fd in fds]
-        for f in files:  # recv_fds does not set close-on-exec
-            os.set_inheritable(f.fd, False)
+        files = []
+        if with_fds:
+            data, fds, _, _ = socket.recv_fds(self.sock, _MAX_REPLY, _MAX_FILES_PER_OPEN)
+            files = [_File(fd) for fd in fds]
+            for f in files:  # recv_fds does not set close-on-exec
+                os.set_inheritable(f.fd, False)
+        else:
+            data = self.sock.recv(_MAX_REPLY)
         if not data:
             raise ConnectionResetError("the daemon closed the local query socket")
         if len(data) < _REPLY.size or data[:4] != MAGIC:
-            raise ConnectionResetError("the daemon's local query reply is malformed")
-        _, code, got_id, rows, _, _, got_serial = _REPLY.unpack_from(data)
+            raise Refused(15, "the daemon's local query reply is malformed")
+        _, code, got_id, rows, d_model, need, got_serial = _REPLY.unpack_from(data)
         if got_id != request_id:
-            raise ConnectionResetError("the daemon's reply answers another request")
-        return code, rows, got_serial, data[_REPLY.size:], files
+            raise Refused(15, "the daemon's local query reply answers another request")
+        message = data[_REPLY.size:].decode("utf-8", "replace")
+        return (code, rows, d_model, need, got_serial, message), files
 
     def call(self, dataset, coords):
         """float32 [N, D] copied out of the region; Refused with the daemon's
@@ -165,20 +172,10 @@ class _Conn:
                           need=out + OUT_ALIGN)
         self._touch(out + n * self.vector_bytes)
         self.buffer[:n * COORD_BYTES] = coords.tobytes()
-        request_id = self.next_id
-        self.next_id += 1
-        name = dataset.encode()
-        self.sock.send(_REQUEST.pack(MAGIC, _OP_VECTORS, request_id, n, 0, out, 0) + name)
-        data = self.sock.recv(_MAX_REPLY)
-        if not data:
-            raise ConnectionResetError("the daemon closed the local query socket")
-        if len(data) < _REPLY.size or data[:4] != MAGIC:
-            raise Refused(15, "the daemon's local query reply is malformed")
-        _, code, got_id, rows, d_model, need, _ = _REPLY.unpack_from(data)
-        if got_id != request_id:
-            raise Refused(15, "the daemon's local query reply answers another request")
+        (code, rows, d_model, need, _, message), _ = self.request(
+            _OP_VECTORS, dataset, count=n, out=out)
         if code != 0:
-            raise Refused(code, data[_REPLY.size:].decode("utf-8", "replace"), need)
+            raise Refused(code, message, need)
         if rows != n or d_model == 0 or out + n * d_model * 4 > self.bytes:
             raise Refused(15, f"the daemon's local query reply has {rows} x "
                               f"{d_model} vectors for {n} coordinates")
@@ -272,8 +269,8 @@ class LocalQueries:
             if files:
                 conn._touch(8 * len(files))
                 conn.buffer[:8 * len(files)] = np.array(files, "<i8").tobytes()
-            code, rows, serial, _, fds = conn.ask(op, dataset, count=len(files),
-                                                  serial=serial)
+            (code, rows, _, _, serial, _), fds = conn.request(
+                op, dataset, count=len(files), serial=serial, with_fds=True)
         except (OSError, Refused):
             if conn is not None:
                 conn.close()
