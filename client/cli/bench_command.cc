@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -57,6 +58,7 @@ struct ChildProcess {
   std::string err_text;
   int wait_status = 0;
   bool exited = false;
+  double cpu_seconds = 0;  // user + system, from wait4 once exited
 };
 
 absl::Status MakePipe(UniqueFd* read_end, UniqueFd* write_end) {
@@ -101,6 +103,10 @@ absl::StatusOr<ChildProcess> Spawn(const std::string& path,
   return child;
 }
 
+double TimevalSeconds(const struct timeval& t) {
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+}
+
 /// Reads the children's output until every pipe is at EOF, calling `tick`
 /// about once a second, then reaps them.
 void DrainAndWait(std::vector<ChildProcess>& children,
@@ -139,9 +145,12 @@ void DrainAndWait(std::vector<ChildProcess>& children,
     }
   }
   for (ChildProcess& c : children) {
-    while (::waitpid(c.pid, &c.wait_status, 0) < 0 && errno == EINTR) {
+    struct rusage usage = {};
+    while (::wait4(c.pid, &c.wait_status, 0, &usage) < 0 && errno == EINTR) {
     }
     c.exited = true;
+    c.cpu_seconds =
+        TimevalSeconds(usage.ru_utime) + TimevalSeconds(usage.ru_stime);
   }
 }
 
@@ -194,6 +203,30 @@ absl::StatusOr<uint64_t> ProcField(const std::string& path,
     }
   }
   return absl::NotFoundError(absl::StrCat(path, " has no ", key, " line"));
+}
+
+/// The CPU time a process has used so far (user + system: fields 14 and 15
+/// of /proc/PID/stat, in clock ticks), over all its threads.
+absl::StatusOr<double> ProcCpuSeconds(const std::string& proc) {
+  ASSIGN_OR_RETURN(std::string text, ReadProcFile(proc + "/stat"));
+  // The command name (field 2) is in parentheses and may hold spaces: the
+  // fields to count start after its last ')'.
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos) {
+    return absl::DataLossError(absl::StrCat(proc, "/stat has no ')'"));
+  }
+  std::vector<absl::string_view> fields = absl::StrSplit(
+      absl::string_view(text).substr(paren + 1), ' ', absl::SkipEmpty());
+  // fields[0] is field 3 (state), so field N is fields[N - 3].
+  uint64_t utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return absl::DataLossError(
+        absl::StrCat(proc, "/stat: no utime and stime fields"));
+  }
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return absl::InternalError("sysconf(_SC_CLK_TCK) failed");
+  return static_cast<double>(utime + stime) / static_cast<double>(ticks);
 }
 
 // ------------------------------------------------------------ fio
@@ -372,6 +405,7 @@ struct ClientResult {
   uint64_t bytes = 0;
   double seconds = 0;
   int64_t vectors = 0;
+  double cpu_seconds = 0;  // the client process's, user + system
 };
 
 std::string Mib(double bytes) { return absl::StrFormat("%.1f", bytes / kMiB); }
@@ -517,12 +551,17 @@ int RunBench(const Args& args) {
   }
   const std::string proc = absl::StrCat("/proc/", *pid);
   std::optional<uint64_t> io_before;
+  std::optional<double> cpu_before;
   if (args.Has("daemon-pid")) {
     auto v = ProcField(proc + "/io", "read_bytes");
-    if (!v.ok()) {
-      return Fail(cmd, absl::StrCat("--daemon-pid: ", v.status().message()));
+    auto c = ProcCpuSeconds(proc);
+    for (const absl::Status& s : {v.status(), c.status()}) {
+      if (!s.ok()) {
+        return Fail(cmd, absl::StrCat("--daemon-pid: ", s.message()));
+      }
     }
     io_before = *v;
+    cpu_before = *c;
   }
   if (cold) {
     if (absl::Status st = EvictFromPageCache(files); !st.ok()) {
@@ -627,6 +666,7 @@ int RunBench(const Args& args) {
     r.bytes = j.value("bytes", uint64_t{0});
     r.seconds = j.value("seconds", 0.0);
     r.vectors = j.value("vectors", int64_t{0});
+    r.cpu_seconds = c.cpu_seconds;
     results.push_back(r);
   }
   if (!failures.empty()) {
@@ -638,11 +678,14 @@ int RunBench(const Args& args) {
     return Fail(cmd, std::string(status_after.status().message()));
   }
   std::optional<uint64_t> io_delta, hwm, proc_rss;
+  std::optional<double> daemon_cpu;
   if (io_before.has_value()) {
     auto io_after = ProcField(proc + "/io", "read_bytes");
     auto h = ProcField(proc + "/status", "VmHWM");
     auto r = ProcField(proc + "/status", "VmRSS");
-    for (const absl::Status& s : {io_after.status(), h.status(), r.status()}) {
+    auto c = ProcCpuSeconds(proc);
+    for (const absl::Status& s :
+         {io_after.status(), h.status(), r.status(), c.status()}) {
       if (!s.ok()) {
         return Fail(cmd, absl::StrCat("--daemon-pid: ", s.message()));
       }
@@ -650,6 +693,7 @@ int RunBench(const Args& args) {
     io_delta = *io_after - *io_before;
     hwm = *h;
     proc_rss = *r;
+    daemon_cpu = *c - *cpu_before;
   }
   if (!files.empty()) {
     if (absl::Status st = run_fio(); !st.ok()) {
@@ -701,6 +745,7 @@ int RunBench(const Args& args) {
     x["bytes"] = r.bytes;
     x["seconds"] = r.seconds;
     x["vectors"] = r.vectors;
+    x["cpu_seconds"] = r.cpu_seconds;
     jc.push_back(std::move(x));
   }
   j["clients"] = std::move(jc);
@@ -719,6 +764,15 @@ int RunBench(const Args& args) {
       io_delta ? OrderedJson(*io_delta) : OrderedJson(nullptr);
   j["daemon_rss_bytes"] = rss;
   j["daemon_hwm_bytes"] = hwm ? OrderedJson(*hwm) : OrderedJson(nullptr);
+  // The daemon's CPU time over the run (all its threads; --daemon-pid), and
+  // per byte the clients received: what the serving side costs, to set
+  // beside grpc_stream_bench's server_cpu_seconds.
+  j["daemon_cpu_seconds"] =
+      daemon_cpu ? OrderedJson(*daemon_cpu) : OrderedJson(nullptr);
+  j["daemon_cpu_ns_per_byte"] =
+      daemon_cpu && total_bytes > 0
+          ? OrderedJson(*daemon_cpu * 1e9 / static_cast<double>(total_bytes))
+          : OrderedJson(nullptr);
   j["reservoir_bytes"] = status_after->reservoir_bytes;
   if (fio_mean.has_value()) {
     OrderedJson f;
@@ -752,18 +806,18 @@ int RunBench(const Args& args) {
     std::printf("%s\n", JsonText(j, 2).c_str());
     return kExitOk;
   }
-  std::printf("%-8s %12s %12s %9s %10s %7s\n", "client", "vectors", "MiB",
-              "seconds", "MiB/s", "x fio");
+  std::printf("%-8s %12s %12s %9s %10s %7s %8s\n", "client", "vectors", "MiB",
+              "seconds", "MiB/s", "x fio", "CPU s");
   for (size_t i = 0; i < results.size(); ++i) {
     const ClientResult& r = results[i];
     const std::string ratio =
         fio_mean && *fio_mean > 0
             ? absl::StrFormat("%.2f", r.bytes_per_second / *fio_mean)
             : "-";
-    std::printf("%-8zu %12lld %12s %9.3f %10s %7s\n", i,
+    std::printf("%-8zu %12lld %12s %9.3f %10s %7s %8.2f\n", i,
                 static_cast<long long>(r.vectors),
                 Mib(static_cast<double>(r.bytes)).c_str(), r.seconds,
-                Mib(r.bytes_per_second).c_str(), ratio.c_str());
+                Mib(r.bytes_per_second).c_str(), ratio.c_str(), r.cpu_seconds);
   }
   std::printf("%-8s %12s %12s %9.3f %10s\n", "total", "",
               Mib(static_cast<double>(total_bytes)).c_str(), longest,
@@ -787,6 +841,10 @@ int RunBench(const Args& args) {
     std::printf(" (peak %s MiB)", Mib(static_cast<double>(*hwm)).c_str());
   std::printf(", reservoir %s MiB\n",
               Mib(static_cast<double>(status_after->reservoir_bytes)).c_str());
+  if (daemon_cpu && total_bytes > 0) {
+    std::printf("daemon CPU %.2f s (%.3f ns per byte delivered)\n", *daemon_cpu,
+                *daemon_cpu * 1e9 / static_cast<double>(total_bytes));
+  }
   if (fio_mean) {
     std::vector<std::string> rates;
     for (const FioRun& r : fio_runs) {
@@ -815,7 +873,8 @@ Command BenchCommand() {
        "evict the shard files from the page cache before each fio run and "
        "before the streams (needs --dir)"},
       {"daemon-pid", "PID",
-       "also read /proc/PID/io read_bytes and /proc/PID/status VmRSS/VmHWM"},
+       "also read /proc/PID/io read_bytes, /proc/PID/status VmRSS/VmHWM and "
+       "the daemon's CPU time (/proc/PID/stat) around the run"},
   };
   for (OptionSpec o : StreamRequestOptions()) {
     if (std::string(o.name) == "order") {

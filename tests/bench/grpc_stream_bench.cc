@@ -43,6 +43,7 @@
 //       --messages 400 [--clients N] [--fork] [--parse-protobuf] [--json]
 //   grpc_stream_bench --socket /tmp/x.sock --unary 20000 [--threads T] [--json]
 #include <malloc.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -258,8 +259,20 @@ struct ClientResult {
   uint64_t bytes = 0;         // payload bytes read
   int64_t messages = 0;
   uint64_t checksum = 0;  // one byte per slice (keeps the reads honest)
-  char error[256] = {0};  // empty when the call succeeded
+  double cpu_seconds = -1;  // --fork: the client process's user + system
+  char error[256] = {0};    // empty when the call succeeded
 };
+
+// This process's CPU time so far, user + system, all threads.
+double ProcessCpuSeconds() {
+  struct rusage u = {};
+  ::getrusage(RUSAGE_SELF, &u);
+  const auto sec = [](const struct timeval& t) {
+    return static_cast<double>(t.tv_sec) +
+           static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 struct ClientConfig {
   std::string address;
@@ -510,6 +523,7 @@ class ForkedClients {
     } else {
       SetError(&r, std::string(channel.status().message()));
     }
+    r.cpu_seconds = ProcessCpuSeconds();
     // Smaller than PIPE_BUF: one atomic write, results never interleave.
     static_assert(sizeof(ClientResult) <= PIPE_BUF, "result too large");
     return WriteAll(results_[1], &r, sizeof(r)) ? 0 : 1;
@@ -772,8 +786,13 @@ int Main(int argc, char** argv) {
   }
 
   std::vector<ClientResult> results;
+  // --fork: the server's CPU time over the streams (this process holds only
+  // the server then), to set beside shardcast bench's daemon_cpu_seconds.
+  const double cpu_before = ProcessCpuSeconds();
+  double server_cpu = -1;
   if (fork) {
     absl::StatusOr<std::vector<ClientResult>> r = forked.Run();
+    server_cpu = ProcessCpuSeconds() - cpu_before;
     if (!r.ok()) {
       std::cerr << "grpc_stream_bench: " << r.status() << "\n";
       return 1;
@@ -805,6 +824,9 @@ int Main(int argc, char** argv) {
     j["seconds"] = secs;
     j["bytes"] = r.bytes;
     j["messages"] = r.messages;
+    j["cpu_seconds"] = r.cpu_seconds >= 0
+                           ? nlohmann::ordered_json(r.cpu_seconds)
+                           : nlohmann::ordered_json(nullptr);
     if (r.error[0] != 0) {
       j["error"] = r.error;
       failed = true;
@@ -818,6 +840,14 @@ int Main(int argc, char** argv) {
   out["clients"] = list;
   out["total_bytes_per_second"] =
       last > first ? static_cast<double>(total) / (last - first) : 0;
+  out["server_cpu_seconds"] = server_cpu >= 0
+                                  ? nlohmann::ordered_json(server_cpu)
+                                  : nlohmann::ordered_json(nullptr);
+  out["server_cpu_ns_per_byte"] =
+      server_cpu >= 0 && total > 0
+          ? nlohmann::ordered_json(server_cpu * 1e9 /
+                                   static_cast<double>(total))
+          : nlohmann::ordered_json(nullptr);
   if (args->Has("json")) {
     std::cout << out.dump() << std::endl;
   } else {
@@ -830,6 +860,10 @@ int Main(int argc, char** argv) {
                 out["total_bytes_per_second"].get<double>() / 1e6, list.size(),
                 parse_protobuf ? "protobuf" : "raw",
                 fork ? "processes" : "threads");
+    if (server_cpu >= 0 && total > 0) {
+      std::printf("server CPU %.2f s (%.3f ns per byte)\n", server_cpu,
+                  server_cpu * 1e9 / static_cast<double>(total));
+    }
   }
   return failed ? 1 : 0;
 }

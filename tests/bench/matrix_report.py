@@ -82,6 +82,42 @@ def bare_rate(path):
     return statistics.mean(c["bytes_per_second"] for c in load(path)["clients"])
 
 
+def client_ns_per_byte(clients):
+    """Mean CPU ns per received byte over the clients that report CPU time."""
+    xs = [c["cpu_seconds"] * 1e9 / c["bytes"] for c in clients
+          if c.get("cpu_seconds") is not None and c.get("bytes")]
+    return statistics.mean(xs) if xs else None
+
+
+def cpu_rows(out, trainers, repeat):
+    """CPU ns per byte delivered, serving side and receiving side, median over
+    the runs: the daemon (shardcast bench --daemon-pid) against the bare
+    loop's server (grpc_stream_bench --fork), from one buffer and from 1 GiB.
+    Results written before these figures existed are skipped."""
+    rows = []
+    for n in trainers:
+        cols = []
+        for name, server_key in ((f"warm-grpc-{n}", "daemon_cpu_ns_per_byte"),
+                                 (f"bare-{n}", "server_cpu_ns_per_byte"),
+                                 (f"bare-mem-{n}", "server_cpu_ns_per_byte")):
+            srv, cli = [], []
+            for r in range(1, repeat + 1):
+                p = os.path.join(out, f"{name}-{r}.json")
+                if not finished(p):
+                    continue
+                j = load(p)
+                if j.get(server_key) is not None:
+                    srv.append(j[server_key])
+                c = client_ns_per_byte(j["clients"])
+                if c is not None:
+                    cli.append(c)
+            cols.append((statistics.median(srv) if srv else None,
+                         statistics.median(cli) if cli else None))
+        if any(x is not None for col in cols for x in col):
+            rows.append((n, cols))
+    return rows
+
+
 def warm_rows(out, trainers, repeat):
     rows, ours, bare = [], [], []
     for n in trainers:
@@ -232,6 +268,15 @@ def main():
     print("|---:|---:|---:|---:|---|---|---:|")
     for r in warm:
         print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} | {'-' if r[6] is None else format(r[6], '.2f')} |")
+    cpu = cpu_rows(a.out, trainers, a.repeat)
+    if cpu:
+        def ns(x):
+            return "-" if x is None else f"{x:.3f}"
+        print()
+        print("| warm, CPU ns per byte delivered (median) | daemon | its trainers | bare loop server | its clients | bare from 1 GiB, server | its clients |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for n, cols in cpu:
+            print(f"| {n} trainer(s) | " + " | ".join(f"{ns(s)} | {ns(c)}" for s, c in cols) + " |")
     session_rts = [load(p)["p50_us"] for p in
                    (os.path.join(a.out, f"session-{r}.json") for r in range(1, a.repeat + 1))
                    if finished(p)]

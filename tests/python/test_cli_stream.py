@@ -557,6 +557,38 @@ def test_bench_two_clients_share_one_disk_pass(cli, served):
     assert report["daemon_rss_bytes"] > 0
     assert report["fio"] is None and report["ratio_vs_fio"] is None
     assert report["proc_io_read_bytes"] is None and report["daemon_hwm_bytes"] is None
+    assert report["daemon_cpu_seconds"] is None and report["daemon_cpu_ns_per_byte"] is None
+
+
+def proc_cpu_seconds(pid):
+    """utime + stime of a process from /proc/PID/stat (fields 14 and 15)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_bench_reports_the_cpu_time_of_the_daemon_and_each_client(cli, served):
+    ds = served.main
+    before = proc_cpu_seconds(served.pid)
+    report = cli.json("--server", served.address, "bench", ds.id, "--clients", "2",
+                      "--epochs", "3", "--daemon-pid", served.pid, timeout=120)
+    after = proc_cpu_seconds(served.pid)
+    # The bench's window lies inside this test's: its figure is at most what
+    # /proc says the daemon spent around the whole call, and the daemon did
+    # work (it served 2 x 3 epochs).
+    assert 0 < report["daemon_cpu_seconds"] <= after - before + 1e-9
+    total = sum(c["bytes"] for c in report["clients"])
+    assert report["daemon_cpu_ns_per_byte"] == pytest.approx(
+        report["daemon_cpu_seconds"] * 1e9 / total)
+    for c in report["clients"]:
+        # A client process's own user + system time (wait4): it decoded
+        # every batch, and it cannot have used more than every core for as
+        # long as the whole bench ran.
+        assert 0 < c["cpu_seconds"] <= report["wall_seconds"] * os.cpu_count() + 1
+    text = cli.ok("--server", served.address, "bench", ds.id, "--clients", "1",
+                  "--daemon-pid", served.pid, timeout=120)
+    assert "daemon CPU" in text.out and "ns per byte delivered" in text.out
+    assert "CPU s" in text.out
 
 
 def test_bench_partitioned_clients_split_the_selection(cli, served):
