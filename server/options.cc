@@ -93,7 +93,7 @@ const std::vector<DaemonOption>& Table() {
       {"query-threads", "query_threads", "N",
        "threads for blocking work: query reads, stream batch assembly and "
        "writes (-1, the default: half the cores, at least 4, at most 16)",
-       OptionKind::kInteger, &O::query_threads, -1, 1024},
+       OptionKind::kInteger, &O::query_threads, 1, 1024, true},
       {"local-query-spin-us", "local_query_spin_us", "US",
        "with several local query calls waiting on the disk, the local query "
        "thread looks for completions this long before it sleeps (sooner "
@@ -103,7 +103,7 @@ const std::vector<DaemonOption>& Table() {
        "threads serving the local query socket, each with its own io_uring "
        "and a share of the connections (-1, the default: half the cores, at "
        "least 2, at most 8)",
-       OptionKind::kInteger, &O::local_query_threads, -1, 64},
+       OptionKind::kInteger, &O::local_query_threads, 1, 64, true},
       {"max-vectors-per-call", "max_vectors_per_call", "N",
        "queries asking for more vectors are RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_vectors_per_call, 1,
@@ -138,7 +138,7 @@ const std::vector<DaemonOption>& Table() {
       {"gather-threads", "gather_threads", "N",
        "threads that help streams copy large batches beside their own "
        "(-1, the default: one fewer than the cores, at most 3; 0: none)",
-       OptionKind::kInteger, &O::gather_threads, -1, 64},
+       OptionKind::kInteger, &O::gather_threads, 0, 64, true},
       {"node-rank", "node_rank", "R",
        "this node's group among --node-count: shuffled streams read blocks "
        "b with b mod node-count == R only, ordered streams the R-th "
@@ -184,6 +184,10 @@ const std::vector<DaemonOption>& Table() {
 }
 
 // "an integer in [1, 4096]": what a value of `o` must be, for messages.
+bool IntegerInRange(const DaemonOption& o, int64_t v) {
+  return (v >= o.min && v <= o.max) || (o.minus_one_is_auto && v == -1);
+}
+
 std::string Expected(const DaemonOption& o) {
   const std::string range = o.max == kNoMax
                                 ? absl::StrCat(">= ", o.min)
@@ -201,7 +205,10 @@ std::string Expected(const DaemonOption& o) {
     case OptionKind::kSwitch:
       return "true or false";
     case OptionKind::kInteger:
-      return absl::StrCat("an integer ", range);
+      return o.minus_one_is_auto
+                 ? absl::StrCat("an integer ", range,
+                                ", or -1 (chosen from the cores: see --help)")
+                 : absl::StrCat("an integer ", range);
     case OptionKind::kBytes:
       return absl::StrCat("a byte count ", range,
                           " (like 1073741824, 512M, 2G)");
@@ -247,7 +254,7 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
       return true;
     case OptionKind::kInteger: {
       int64_t v;
-      if (!absl::SimpleAtoi(text, &v) || v < o.min || v > o.max) return false;
+      if (!absl::SimpleAtoi(text, &v) || !IntegerInRange(o, v)) return false;
       out->*std::get<int64_t O::*>(o.target) = v;
       return true;
     }
@@ -475,8 +482,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
   for (const DaemonOption& o : Table()) {
     bool in_range = true;
     if (o.kind == OptionKind::kInteger) {
-      const int64_t v = options.*std::get<int64_t O::*>(o.target);
-      in_range = v >= o.min && v <= o.max;
+      in_range = IntegerInRange(o, options.*std::get<int64_t O::*>(o.target));
     } else if (o.kind == OptionKind::kBytes) {
       const uint64_t v = options.*std::get<uint64_t O::*>(o.target);
       in_range = v >= static_cast<uint64_t>(o.min) &&
@@ -489,16 +495,6 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", o.flag, " must be ", Expected(o)));
     }
-  }
-  if (options.query_threads == 0) {
-    return absl::InvalidArgumentError(
-        "--query-threads must be at least 1 (or -1: half the cores, at least "
-        "4, at most 16)");
-  }
-  if (options.local_query_threads == 0) {
-    return absl::InvalidArgumentError(
-        "--local-query-threads must be at least 1 (or -1: half the cores, at "
-        "least 2, at most 8)");
   }
   if (options.roots.empty()) {
     return absl::InvalidArgumentError("no dataset root given (--root DIR)");

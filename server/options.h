@@ -161,6 +161,9 @@ struct DaemonOption {
       target;
   int64_t min = 0;
   int64_t max = std::numeric_limits<int64_t>::max();
+  // kInteger: -1 is also taken, and means "choose from the cores" (what
+  // `help` says it chooses).
+  bool minus_one_is_auto = false;
 };
 
 /// Every setting, in --help order.

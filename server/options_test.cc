@@ -158,7 +158,10 @@ TEST_F(OptionsTest, ValuesOutOfRangeAreRefusedNamingFlagOrKeyAndTheRange) {
     if (o.kind != OptionKind::kInteger && o.kind != OptionKind::kBytes) {
       continue;
     }
-    const std::string low = std::to_string(o.min - 1);
+    // Below the range (-1, where it means "chosen from the cores", is not).
+    const int64_t below =
+        o.minus_one_is_auto && o.min - 1 == -1 ? -2 : o.min - 1;
+    const std::string low = std::to_string(below);
     auto flag = ParseDaemonOptions({std::string("--") + o.flag, low});
     ASSERT_FALSE(flag.ok()) << o.flag << " took " << low;
     EXPECT_EQ(flag.status().code(), absl::StatusCode::kInvalidArgument);
@@ -292,10 +295,33 @@ TEST_F(OptionsTest, QueryThreadsDefaultToHalfTheCoresBetween4And16) {
   EXPECT_EQ(o.QueryThreads(), 3);
   o.query_threads = 0;
   absl::Status zero = ValidateDaemonOptions(o);
-  EXPECT_NE(zero.message().find("--query-threads must be at least 1"),
+  EXPECT_NE(zero.message().find("--query-threads must be an integer in [1, "
+                                "1024], or -1 (chosen from the cores"),
             std::string::npos)
       << zero;
   EXPECT_FALSE(ParseDaemonOptions({"--query-threads", "-2"}).ok());
+  EXPECT_FALSE(ParseDaemonOptions({"--query-threads", "0"}).ok());
+  absl::StatusOr<DaemonOptions> automatic =
+      ParseDaemonOptions({"--query-threads", "-1"});
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->query_threads, -1);
+}
+
+// --gather-threads: -1 chooses, 0 is none; nothing below -1.
+TEST_F(OptionsTest, GatherThreadsTakeMinusOneZeroAndCounts) {
+  for (const char* v : {"-1", "0", "3"}) {
+    absl::StatusOr<DaemonOptions> o =
+        ParseDaemonOptions({"--gather-threads", v});
+    ASSERT_TRUE(o.ok()) << v << ": " << o.status();
+    EXPECT_EQ(o->gather_threads, std::stoi(v));
+  }
+  absl::StatusOr<DaemonOptions> below =
+      ParseDaemonOptions({"--gather-threads", "-2"});
+  ASSERT_FALSE(below.ok());
+  EXPECT_NE(below.status().message().find(
+                "--gather-threads must be an integer in [0, 64], or -1"),
+            std::string::npos)
+      << below.status();
 }
 
 TEST_F(OptionsTest, LocalQueryThreadsDefaultToHalfTheCoresBetween2And8) {
@@ -319,7 +345,8 @@ TEST_F(OptionsTest, LocalQueryThreadsDefaultToHalfTheCoresBetween2And8) {
   EXPECT_EQ(parsed->LocalQueryThreads(), 3);
   o.local_query_threads = 0;
   absl::Status zero = ValidateDaemonOptions(o);
-  EXPECT_NE(zero.message().find("--local-query-threads must be at least 1"),
+  EXPECT_NE(zero.message().find("--local-query-threads must be an integer in "
+                                "[1, 64], or -1"),
             std::string::npos)
       << zero;
   EXPECT_FALSE(ParseDaemonOptions({"--local-query-threads", "-2"}).ok());
