@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/query_protocol.h"
@@ -219,7 +220,7 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     Conn& c, const std::string& dataset, const std::vector<VectorCoord>& coords,
     uint64_t* out, uint64_t* need) {
   *need = 0;
-  if (dataset.size() > lq::kMaxDatasetBytes) {
+  if (dataset.size() > lq::kMaxDatasetBytes) {  // GetVectors asks gRPC
     return absl::InvalidArgumentError(
         absl::StrCat("a dataset name of ", dataset.size(), " bytes; at most ",
                      lq::kMaxDatasetBytes));
@@ -308,22 +309,29 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
   // Datasets remembered at once; past it all are forgotten.
   constexpr size_t kMaxDatasets = 64;
   if (direct_unimplemented_.load(std::memory_order_relaxed)) return nullptr;
+  if (dataset.size() > lq::kMaxDatasetBytes) return nullptr;
   const auto now = std::chrono::steady_clock::now();
   std::shared_ptr<Direct> old;
   {
     MutexLock lock(&direct_mu_);
     auto it = direct_.find(dataset);
+    if (it != direct_.end() && now - it->second->fetched < kLayoutAge) {
+      return it->second->offered ? it->second : nullptr;
+    }
+    // One thread asks; the others have the daemon read meanwhile (one
+    // round trip), rather than each asking and each opening the files anew.
+    if (!refreshing_.insert(dataset).second) return nullptr;
     if (it != direct_.end()) {
-      if (now - it->second->fetched < kLayoutAge) {
-        return it->second->offered ? it->second : nullptr;
-      }
       old = it->second;
       // Not used past its age, whatever the refresh below gives: a failed
       // one (the daemon restarting) must not leave the old files in use.
       direct_.erase(it);
     }
   }
-  if (dataset.size() > lq::kMaxDatasetBytes) return nullptr;
+  absl::Cleanup done = [this, &dataset] {
+    MutexLock lock(&direct_mu_);
+    refreshing_.erase(dataset);
+  };
   absl::StatusOr<std::unique_ptr<Conn>> c = Take();
   if (!c.ok()) return nullptr;
   auto d = std::make_shared<Direct>();
@@ -465,6 +473,9 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
 
 std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
+  // No dataset has a name this long, but the socket's requests cannot say
+  // so: gRPC answers (NOT_FOUND), as for a client without the socket.
+  if (dataset.size() > lq::kMaxDatasetBytes) return std::nullopt;
   if (direct_reads_ && !coords.empty() && coords.size() <= kDirectMaxVectors) {
     std::optional<VectorBlock> block = ReadDirect(dataset, coords);
     if (block.has_value()) return *std::move(block);

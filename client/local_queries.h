@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,8 @@ class LocalQueries {
   std::optional<VectorBlock> ReadDirect(const std::string& dataset,
                                         const std::vector<VectorCoord>& coords);
   // `dataset`'s layout, asked for when this process has none from the
-  // last second; null when the daemon offers no direct reads of it.
+  // last second; null when the daemon offers no direct reads of it, and
+  // while another thread asks for it (one request, not one per thread).
   std::shared_ptr<Direct> DirectFor(const std::string& dataset)
       ABSL_LOCKS_EXCLUDED(direct_mu_);
   void Forget(const std::string& dataset) ABSL_LOCKS_EXCLUDED(direct_mu_);
@@ -102,6 +104,8 @@ class LocalQueries {
   Mutex direct_mu_;
   std::map<std::string, std::shared_ptr<Direct>> direct_
       ABSL_GUARDED_BY(direct_mu_);
+  // Datasets whose layout a thread is asking for now.
+  std::set<std::string> refreshing_ ABSL_GUARDED_BY(direct_mu_);
   // The daemon answered a layout request UNIMPLEMENTED (it predates direct
   // reads): not asked again.
   std::atomic<bool> direct_unimplemented_{false};

@@ -472,6 +472,9 @@ void LocalQueryService::Loop::OnDirect(Conn& c, const lq::Request& request) {
     return;
   }
   metrics_->direct_read_files += raw.size();
+  if (request.op == lq::Op::kLayout && reply.code == 0) {
+    metrics_->direct_read_layouts++;
+  }
   if (!stopping_) ArmPoll(c);
 }
 

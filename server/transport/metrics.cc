@@ -130,6 +130,11 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          "clients, which then read single vectors themselves (direct "
          "reads, not counted as calls).",
          direct_read_files.load());
+  metric("shardcast_direct_read_layouts_total", "counter",
+         "Dataset layouts handed to local query clients for direct reads "
+         "(each client process asks about once a second per dataset it "
+         "reads single vectors of).",
+         direct_read_layouts.load());
   family("shardcast_call_results_total", "counter",
          "Finished calls by gRPC status code.");
   for (size_t i = 0; i < calls_by_code.size(); ++i) {

@@ -39,6 +39,7 @@ struct Metrics {
   /// Read-only descriptors of dataset files handed to local query clients,
   /// which then read single vectors themselves (direct reads).
   std::atomic<uint64_t> direct_read_files{0};
+  std::atomic<uint64_t> direct_read_layouts{0};
   std::atomic<int64_t> streams_active{0};
   std::atomic<uint64_t> batches_sent{0};
   /// Vector bytes in stream batches (useful payload).

@@ -1312,6 +1312,18 @@ TEST_F(DaemonTest, LocalClientsReadSingleVectorsThemselves) {
   }
   EXPECT_EQ(client->GetVectors("no-such-dataset", {{0, 6, 0}}).status().code(),
             absl::StatusCode::kNotFound);
+  // A name longer than the socket's requests carry (1024 bytes) names no
+  // dataset either: the same answer as over gRPC, for one vector and two.
+  const std::string long_name(1025, 'z');
+  for (const std::vector<VectorCoord>& coords :
+       {std::vector<VectorCoord>{{0, 6, 0}},
+        std::vector<VectorCoord>{{0, 6, 0}, {1, 6, 0}}}) {
+    auto local = client->GetVectors(long_name, coords);
+    auto remote = grpc->GetVectors(long_name, coords);
+    EXPECT_EQ(local.status().code(), absl::StatusCode::kNotFound)
+        << local.status();
+    EXPECT_EQ(local.status(), remote.status());
+  }
 
   // Direct reads off: the daemon reads each one.
   ClientOptions off;
@@ -1326,6 +1338,56 @@ TEST_F(DaemonTest, LocalClientsReadSingleVectorsThemselves) {
   }
   after = CallsCounted(daemon_reads.get());
   EXPECT_EQ(after - before, 21u);
+}
+
+// Once a layout is a second old, one thread of the process asks for it
+// again; the others have the daemon read their vectors meanwhile. Before,
+// every thread that found it old asked too (and threads that found no entry
+// left opened their own files anew).
+TEST_F(DaemonTest, OneThreadAsksForALayoutAgain) {
+  daemon_ = StartDaemon();
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const auto count_layouts = [&] {
+    const std::string log = daemon_->log();
+    const std::string line = "reads " + main_id_ + " directly";
+    size_t n = 0;
+    for (size_t at = log.find(line); at != std::string::npos;
+         at = log.find(line, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  constexpr int kThreads = 8;
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + std::chrono::milliseconds(2500);
+  std::atomic<int64_t> reads{0}, wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = t; std::chrono::steady_clock::now() < end; i += 7) {
+        const VectorCoord c{i % 40, 6, i % 17};
+        auto block = client->GetVectors(main_id_, {c});
+        if (!block.ok() ||
+            block->values[5] != Expected(c.example, 1, c.token, 5)) {
+          wrong++;
+        }
+        reads++;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(reads.load(), 100);
+  // The first layout and one per second since, and one more should the last
+  // second end during a refresh.
+  const size_t layouts = count_layouts();
+  EXPECT_GE(layouts, 1u);
+  EXPECT_LE(layouts, static_cast<size_t>(seconds) + 2)
+      << "in " << seconds << " s of " << kThreads << " threads reading";
 }
 
 TEST_F(DaemonTest, DisableDirectReadsKeepsEveryReadInTheDaemon) {

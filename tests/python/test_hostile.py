@@ -194,6 +194,20 @@ def test_a_megabyte_dataset_id_is_not_echoed_whole(served):
     assert max(len(line) for line in d.stderr().splitlines()) < 2000
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_dataset_name_too_long_for_the_local_socket_is_not_found_as_over_grpc(served, n):
+    # The local query socket carries names of up to 1024 bytes; a longer
+    # one names no dataset, and the answer is gRPC's NOT_FOUND, not an error
+    # of the socket's own (one vector: the direct-read path; two: a call).
+    d, _, _ = served
+    coords = np.zeros((n, 3), dtype=np.int64)
+    coords[:, 1] = 6
+    for name in ("z" * 1025, "\u00e9" * 600):  # 1025 and 1200 bytes
+        err = expect_error("NOT_FOUND", d.client.get_vectors, name, coords)
+        assert str(len(name.encode())) + " bytes" in err.message, err.message
+    d.alive()
+
+
 def test_an_oversized_resume_token_is_refused(served):
     d, ds, _ = served
     err = expect_error("INVALID_ARGUMENT", d.client.stream, ds, layer=6,

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import grpc
@@ -280,6 +281,44 @@ def test_single_vectors_are_read_by_the_client_itself(start_daemon, datasets):
         singles(client, datasets.main, 5)
         assert local_calls() == before + 5
         assert files_handed_over() == 0
+
+
+def test_one_thread_asks_for_a_layout_again(start_daemon, datasets):
+    """Threads reading single vectors of one dataset: the layout is asked
+    for about once a second (shardcast_direct_read_layouts_total), by one
+    thread while the others have the daemon read, and every vector equals
+    numpy."""
+    import threading
+    from sysprobe import metric_samples
+    d = start_daemon("--http", "127.0.0.1:0")
+    port = _http_port(d)
+    r = datasets.main
+    wrong, reads = [], [0]
+    with shardcast.Client(d.address) as client:
+        start = time.monotonic()
+
+        def read(t):
+            i = t
+            while time.monotonic() - start < 2.5:
+                c = (i % r.N, r.layers[i % r.L], (i * 3) % r.T)
+                got = client.get_vectors(r.id, [c])
+                if not np.array_equal(got[0], r.vector(*c)):
+                    wrong.append(c)
+                reads[0] += 1
+                i += 7
+
+        threads = [threading.Thread(target=read, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - start
+    assert not wrong, wrong[:5]
+    assert reads[0] > 100
+    layouts = metric_samples(port)["shardcast_direct_read_layouts_total"]
+    # The first and one a second since, one more should the run end during
+    # a refresh.
+    assert 1 <= layouts <= int(seconds) + 2, (layouts, seconds)
 
 
 def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(

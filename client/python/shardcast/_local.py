@@ -57,6 +57,8 @@ def _max_open_files():
 
 _MAX_OPEN_FILES = _max_open_files()
 _MAX_REPLY = 16 * 1024
+# The longest dataset name a request carries (kMaxDatasetBytes).
+_MAX_DATASET = 1024
 # The first region: 256 vectors of d_model 1024 and their coordinates (its
 # pages are only touched as calls use them).
 FIRST_REGION_BYTES = (1 << 20) + 2 * OUT_ALIGN
@@ -247,6 +249,7 @@ class LocalQueries:
         self._lock = threading.Lock()
         self._idle = [_Conn(path, FIRST_REGION_BYTES, timeout)]  # raises
         self._direct = {}  # dataset -> _Direct
+        self._refreshing = set()  # datasets whose layout a thread asks for
         self._unimplemented = False  # a daemon from before direct reads
 
     def _take(self):
@@ -285,11 +288,21 @@ class LocalQueries:
         now = time.monotonic()
         with self._lock:
             d = self._direct.get(dataset)
-        if d is not None and now - d.fetched < _LAYOUT_SECONDS:
-            return d
+            if d is not None and now - d.fetched < _LAYOUT_SECONDS:
+                return d
+            if self._unimplemented or dataset in self._refreshing:
+                # Another thread is asking: the daemon reads meanwhile.
+                return _Direct(now)
+            self._refreshing.add(dataset)
+        try:
+            return self._refresh(dataset, now, d)
+        finally:
+            with self._lock:
+                self._refreshing.discard(dataset)
+
+    def _refresh(self, dataset, now, d):
+        """Asks for the layout; `d` is the previous one (or None)."""
         fresh = _Direct(now)
-        if self._unimplemented:
-            return fresh
         asked = self._ask(_OP_LAYOUT, dataset)
         if asked is not None and asked[0] == _UNIMPLEMENTED:
             self._unimplemented = True
@@ -360,6 +373,8 @@ class LocalQueries:
         (the daemon went away, restarted without it, or refuses another
         connection: ask over gRPC). Refused with the daemon's error
         otherwise."""
+        if len(dataset.encode()) > _MAX_DATASET:
+            return None  # no dataset is named so; gRPC says NOT_FOUND
         if self.direct_reads and len(coords) == 1:
             got = self._read_direct(dataset, coords)
             if got is not None:
