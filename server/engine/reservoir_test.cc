@@ -351,18 +351,21 @@ TEST(Reservoir, ParkingASlotSmallerThanAPageLeavesItsNeighboursData) {
   // whole page is given back.
   auto wide = MakeReservoir(4 * 6 * kKiB, 6 * kKiB);
   ASSERT_NE(wide, nullptr);
-  held.clear();
-  while (std::optional<int32_t> s = wide->TryAcquire()) held.push_back(*s);
-  for (int32_t s : held) std::memset(wide->slot_data(s), 'a' + s, 6 * kKiB);
+  std::vector<int32_t> wide_held;
+  while (std::optional<int32_t> s = wide->TryAcquire()) wide_held.push_back(*s);
+  ASSERT_EQ(wide_held.size(), 4u);
+  for (int32_t s : wide_held) {
+    std::memset(wide->slot_data(s), 'a' + s, 6 * kKiB);
+  }
   wide->Park(1);
-  wide->Release(held[1]);
-  for (int32_t s : {held[0], held[2]}) {
+  wide->Release(wide_held[1]);
+  for (int32_t s : {wide_held[0], wide_held[2]}) {
     for (uint64_t i = 0; i < 6 * kKiB; ++i) {
       ASSERT_EQ(wide->slot_data(s)[i], 'a' + s) << s << " " << i;
     }
   }
-  for (int32_t s : held) {
-    if (s != held[1]) wide->Release(s);
+  for (int32_t s : wide_held) {
+    if (s != wide_held[1]) wide->Release(s);
   }
   for (int32_t s : held) {
     if (s != held[6]) r->Release(s);
