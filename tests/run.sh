@@ -6,14 +6,15 @@
 # build counts as one more test.
 #
 #   bash tests/run.sh                         # build/ and build-clang/
-#   bash tests/run.sh --ci                    # instead of build-clang/: ASan+UBSan
-#                                             # with clang and -Wthread-safety
-#                                             # (every test); then TSan (unit +
-#                                             # integration) and each fuzzer for
-#                                             # 30 s (CI does this)
+#   bash tests/run.sh --ci                    # instead of build-clang/: every
+#                                             # test in the checked clang build
+#                                             # (build-asan/: ASan+UBSan, asserts,
+#                                             # -Wthread-safety); TSan (unit +
+#                                             # integration); each fuzzer for 30 s
+#                                             # from build-asan/ (CI does this)
 #   bash tests/run.sh --clang                 # only the clang check
 #   bash tests/run.sh --no-clang              # skip the clang check
-#   bash tests/run.sh --sanitize address,undefined   # in build-asan/ (clang)
+#   bash tests/run.sh --sanitize address,undefined   # build-asan/ (as above)
 #   bash tests/run.sh --sanitize thread              # in build-tsan/
 #   bash tests/run.sh --fuzz [SECONDS]               # only the fuzzers
 #
@@ -38,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     --fuzz)
       gcc=0; clang=0; fuzz=30; shift
       if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then fuzz="$1"; shift; fi ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "tests/run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -77,24 +78,16 @@ ctest_phase() {
   # gRPC/Abseil/protobuf functions that are inlined into ours.
   local debug=-g1
   [[ $san == thread ]] && debug=-g
-  # ASan+UBSan builds with clang: GCC takes 3-4x as long to compile with
-  # them (tests/integration/daemon_test.cc 93 s against 24 s, the whole
-  # build 16 min against ~5 on 2 cores). Being clang, the same build checks
-  # the lock annotations (-Wthread-safety -Werror), so CI needs no separate
-  # clang build (clang_phase).
-  local compiler=()
-  if [[ $san == *address* ]]; then
-    compiler=(-DCMAKE_CXX_COMPILER=clang++ "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror")
-    # A tree configured with GCC before: CMake cannot switch compilers in it.
-    if [[ -f $dir/CMakeCache.txt ]] &&
-       ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$dir/CMakeCache.txt"; then
-      rm -rf "$dir"
-    fi
-  fi
-  if ! { cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 $debug -DNDEBUG" \
-           "${compiler[@]}" -DSHARDCAST_SANITIZE="$san" >/dev/null &&
-         cmake --build "$dir" -j2; }; then
+  local configure=(cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+                   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 $debug -DNDEBUG"
+                   -DSHARDCAST_SANITIZE="$san")
+  # ASan+UBSan: the clang build the fuzzers use too (tests/fuzz/run.sh
+  # --configure: asserts on, -Wthread-safety -Werror, libFuzzer's coverage),
+  # so one build serves the tests, the lock annotations and the fuzzers.
+  # GCC took 3-4x as long to compile with the sanitizers
+  # (tests/integration/daemon_test.cc 93 s against 24 s).
+  [[ $san == *address* ]] && configure=(bash tests/fuzz/run.sh --configure "$dir")
+  if ! { "${configure[@]}" >/dev/null && cmake --build "$dir" -j2; }; then
     echo "${dir}: BUILD FAILED"
     failed=$((failed + 1)); rc=1
     return
@@ -134,15 +127,16 @@ clang_phase() {
 }
 
 # Every fuzzer for `fuzz` seconds on its corpus: one test each.
+# (In build-asan/: after the ASan phase there is nothing left to build.)
 fuzz_phase() {
-  mkdir -p build-fuzz
+  mkdir -p build-asan
   set +e
-  bash tests/fuzz/run.sh "$fuzz" 2>&1 | tee build-fuzz/run.log
+  bash tests/fuzz/run.sh "$fuzz" 2>&1 | tee build-asan/fuzz-run.log
   local code=${PIPESTATUS[0]}
   set -e
   local ok bad
-  ok=$(grep -cE "^fuzz [a-z_]+: ok" build-fuzz/run.log || true)
-  bad=$(grep -cE "^fuzz [a-z_]+: (FAILED|CRASH|LEAK|TIMEOUT|OOM)" build-fuzz/run.log || true)
+  ok=$(grep -cE "^fuzz [a-z_]+: ok" build-asan/fuzz-run.log || true)
+  bad=$(grep -cE "^fuzz [a-z_]+: (FAILED|CRASH|LEAK|TIMEOUT|OOM)" build-asan/fuzz-run.log || true)
   if [[ $code -ne 0 && $bad -eq 0 ]]; then bad=1; fi  # the build failed
   passed=$((passed + ok))
   failed=$((failed + bad))

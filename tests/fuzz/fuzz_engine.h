@@ -126,7 +126,7 @@ inline FuzzDataset WriteFuzzDataset(const std::string& root, bool first) {
 
 /// The engine, started on first use (call it from LLVMFuzzerInitialize).
 /// The temporary root is under $TMPDIR (tests/fuzz/run.sh points it into
-/// build-fuzz/) and removed at exit.
+/// build-asan/) and removed at exit.
 inline FuzzEngine& GetFuzzEngine() {
   static FuzzEngine* fe = [] {
     auto* f = new FuzzEngine;  // never deleted: streams may run until exit

@@ -11,15 +11,15 @@
 #   npy/            small arrays saved by /usr/bin/python3 numpy: format 1.0,
 #                   2.0 and 3.0, float32, uint8, 0-d and empty, and dtypes
 #                   and orders the reader refuses
-#   stream_request/ and resume_token/: build-fuzz/make_stream_seeds
+#   stream_request/ and resume_token/: build-asan/make_stream_seeds
 #
 # Needs build/shardcast (SHARDCAST_BIN) and the fuzz build (FUZZ_BUILD,
-# default build-fuzz; tests/fuzz/run.sh makes it).
+# default build-asan; tests/fuzz/run.sh makes it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-tests/fuzz/corpus}
 shardcast=${SHARDCAST_BIN:-build/shardcast}
-fuzz_build=${FUZZ_BUILD:-build-fuzz}
+fuzz_build=${FUZZ_BUILD:-build-asan}
 python=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -15,7 +15,7 @@
 // coordinates outside are OUT_OF_RANGE / INVALID_ARGUMENT.
 //
 // Run (tests/fuzz/run.sh builds and runs every target):
-//   build-fuzz/metadata_fuzz -max_total_time=60 -timeout=10 \
+//   build-asan/metadata_fuzz -max_total_time=60 -timeout=10 \
 //       CORPUS_COPY tests/fuzz/corpus/metadata
 // Seeds: tests/fuzz/corpus/metadata/ (make_corpus.sh): metadata.json NUL
 // shards.json of datasets written by `shardcast synth` in each variant.

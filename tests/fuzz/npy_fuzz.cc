@@ -9,7 +9,7 @@
 // and OpenNpy accepts only files that hold all of that data.
 //
 // Run (tests/fuzz/run.sh builds and runs every target):
-//   build-fuzz/npy_fuzz -max_total_time=60 -timeout=10 \
+//   build-asan/npy_fuzz -max_total_time=60 -timeout=10 \
 //       CORPUS_COPY tests/fuzz/corpus/npy
 // Seeds: tests/fuzz/corpus/npy/ (make_corpus.sh): small arrays saved by
 // numpy (format 1.0, 2.0 and 3.0, float32, uint8 and a few it refuses).

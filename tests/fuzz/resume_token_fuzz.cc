@@ -18,7 +18,7 @@
 // selection with the bytes on disk.
 //
 // Run (tests/fuzz/run.sh builds and runs every target):
-//   build-fuzz/resume_token_fuzz -max_total_time=60 -timeout=10 \
+//   build-asan/resume_token_fuzz -max_total_time=60 -timeout=10 \
 //       CORPUS_COPY tests/fuzz/corpus/resume_token
 #include <cstddef>
 #include <cstdint>

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, AddressSanitizer + UBSan, libFuzzer
-# from Debian's libclang-rt-14-dev) in build-fuzz/ and runs each for SECONDS
+# from Debian's libclang-rt-14-dev) in build-asan/ and runs each for SECONDS
 # on a fresh copy of its seed corpus (tests/fuzz/corpus/<target>/, plus
 # stream seeds made again by make_stream_seeds so that their tokens match the
 # current formats), with its dictionary (tests/fuzz/<target>.dict).
 #
+# build-asan/ is the checked build: tests/run.sh --sanitize address,undefined
+# (and --ci) runs every test in it too, so it is configured here, once:
+#
 #   bash tests/fuzz/run.sh [SECONDS]     # default 30 per target
+#   bash tests/fuzz/run.sh --configure DIR   # only configure DIR so
 #   SHARDCAST_FUZZ_TARGETS="npy metadata" bash tests/fuzz/run.sh 60
 #   SHARDCAST_FUZZ_JOBS=1 ...            # build parallelism (default 2)
 #
@@ -13,36 +17,51 @@
 # exec/s)", the result "ok" or CRASH / LEAK / TIMEOUT / OOM / FAILED with
 # the input and the first line of the report. Exits non-zero when a
 # target crashed, leaked, ran out of memory or timed out (one input running
-# for more than 10 s: a hang); the input is kept in build-fuzz/crashes/ and
-# named in the output, the whole log in build-fuzz/fuzz-work/<target>.log.
-# Reproduce with: build-fuzz/<target>_fuzz build-fuzz/crashes/<file>
+# for more than 10 s: a hang); the input is kept in build-asan/crashes/ and
+# named in the output, the whole log in build-asan/fuzz-work/<target>.log.
+# Reproduce with: build-asan/<target>_fuzz build-asan/crashes/<file>
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# The checked build in $1: clang; -O1 -g1 without NDEBUG (asserts stay on);
+# _GLIBCXX_ASSERTIONS checks std::string/vector indexing; every UBSan
+# finding aborts; the lock annotations are checked (-Wthread-safety
+# -Werror); every library gets libFuzzer's coverage (SHARDCAST_FUZZ). Line
+# tables are enough for the reports' file:line.
+configure() {
+  if ! command -v clang++ >/dev/null; then
+    echo "tests/fuzz/run.sh: clang++ is missing (bash deploy/install-deps.sh)" >&2
+    return 1
+  fi
+  # A tree configured with GCC before: CMake cannot switch compilers in it.
+  if [[ -f $1/CMakeCache.txt ]] &&
+     ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$1/CMakeCache.txt"; then
+    rm -rf "$1"
+  fi
+  cmake -S . -B "$1" -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
+    "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS -Wthread-safety -Werror" \
+    -DSHARDCAST_SANITIZE=address,undefined -DSHARDCAST_FUZZ=ON
+}
+
+if [[ ${1:-} == --configure ]]; then
+  [[ $# -eq 2 ]] || { echo "usage: tests/fuzz/run.sh --configure DIR" >&2; exit 2; }
+  configure "$2"
+  exit
+fi
 seconds=${1:-30}
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
-  echo "usage: tests/fuzz/run.sh [SECONDS]" >&2
+  echo "usage: tests/fuzz/run.sh [SECONDS] | --configure DIR" >&2
   exit 2
 fi
 read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy stream_request resume_token}"
-build="build-fuzz"
+build="build-asan"
 work=$build/fuzz-work
 crashes=$build/crashes
 
-if ! command -v clang++ >/dev/null; then
-  echo "tests/fuzz/run.sh: clang++ is missing (bash deploy/install-deps.sh)" >&2
-  exit 1
-fi
-
 echo "== fuzz build ($build/: clang, address,undefined, libFuzzer)"
 start=$(date +%s)
-# -O1 -g1 without NDEBUG: asserts stay on; _GLIBCXX_ASSERTIONS checks
-# std::string/vector indexing; every UBSan finding aborts; line tables are
-# enough for the reports' file:line.
-cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
-  "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS" \
-  -DSHARDCAST_SANITIZE=address,undefined -DSHARDCAST_FUZZ=ON >/dev/null
+configure "$build" >/dev/null
 build_targets=(make_stream_seeds)
 for t in "${targets[@]}"; do build_targets+=("${t}_fuzz"); done
 cmake --build "$build" -j"${SHARDCAST_FUZZ_JOBS:-2}" --target "${build_targets[@]}"

@@ -18,7 +18,7 @@
 // bytes on disk.
 //
 // Run (tests/fuzz/run.sh builds and runs every target):
-//   build-fuzz/stream_request_fuzz -max_total_time=60 -timeout=10 \
+//   build-asan/stream_request_fuzz -max_total_time=60 -timeout=10 \
 //       CORPUS_COPY tests/fuzz/corpus/stream_request
 // Seeds: tests/fuzz/corpus/stream_request/, made by make_stream_seeds.cc.
 #include <cstddef>
