@@ -31,6 +31,7 @@
 #include "client/client.h"
 #include "common/file.h"
 #include "common/query_protocol.h"
+#include "common/shm_protocol.h"
 #include "common/synth.h"
 #include "common/unix_socket.h"
 #include "common/vector_layout.h"
@@ -174,10 +175,24 @@ class DaemonTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     auto p =
         std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
-    for (int i = 0; i < 500; ++i) {
-      struct stat st;
-      if (::stat(sock.c_str(), &st) == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // The daemon binds its Unix socket before the shared-memory and local
+    // query sockets beside it: wait for those it will have too, or a test
+    // that goes straight to one (RawQueryConnection) finds no socket there
+    // (seen under TSan, where the daemon starts slowly).
+    const auto has = [&extra](const char* flag) {
+      return std::find(extra.begin(), extra.end(), flag) != extra.end();
+    };
+    std::vector<std::string> paths = {sock};
+    if (!has("--disable-shared-memory")) paths.push_back(sock + shm::kSocketSuffix);
+    if (!has("--disable-local-queries")) {
+      paths.push_back(sock + local_query::kSocketSuffix);
+    }
+    for (const std::string& path : paths) {
+      for (int i = 0; i < 500; ++i) {
+        struct stat st;
+        if (::stat(path.c_str(), &st) == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
     return p;
   }
