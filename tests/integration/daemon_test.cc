@@ -183,7 +183,9 @@ class DaemonTest : public ::testing::Test {
       return std::find(extra.begin(), extra.end(), flag) != extra.end();
     };
     std::vector<std::string> paths = {sock};
-    if (!has("--disable-shared-memory")) paths.push_back(sock + shm::kSocketSuffix);
+    if (!has("--disable-shared-memory")) {
+      paths.push_back(sock + shm::kSocketSuffix);
+    }
     if (!has("--disable-local-queries")) {
       paths.push_back(sock + local_query::kSocketSuffix);
     }
