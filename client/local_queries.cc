@@ -220,11 +220,6 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     Conn& c, const std::string& dataset, const std::vector<VectorCoord>& coords,
     uint64_t* out, uint64_t* need) {
   *need = 0;
-  if (dataset.size() > lq::kMaxDatasetBytes) {  // GetVectors asks gRPC
-    return absl::InvalidArgumentError(
-        absl::StrCat("a dataset name of ", dataset.size(), " bytes; at most ",
-                     lq::kMaxDatasetBytes));
-  }
   const uint64_t n = coords.size();
   const uint64_t coords_bytes = n * lq::kCoordBytes;
   const uint64_t out_offset = RoundUp(coords_bytes, lq::kOutAlign);
@@ -309,7 +304,6 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
   // Datasets remembered at once; past it all are forgotten.
   constexpr size_t kMaxDatasets = 64;
   if (direct_unimplemented_.load(std::memory_order_relaxed)) return nullptr;
-  if (dataset.size() > lq::kMaxDatasetBytes) return nullptr;
   const auto now = std::chrono::steady_clock::now();
   std::shared_ptr<Direct> old;
   {
@@ -474,7 +468,8 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
 std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
   // No dataset has a name this long, but the socket's requests cannot say
-  // so: gRPC answers (NOT_FOUND), as for a client without the socket.
+  // so: gRPC answers (NOT_FOUND), as for a client without the socket. (The
+  // one check: ReadDirect, DirectFor and Call are only reached from here.)
   if (dataset.size() > lq::kMaxDatasetBytes) return std::nullopt;
   if (direct_reads_ && !coords.empty() && coords.size() <= kDirectMaxVectors) {
     std::optional<VectorBlock> block = ReadDirect(dataset, coords);

@@ -34,6 +34,7 @@
 #include "absl/strings/strip.h"
 #include "client/cli/commands.h"
 #include "client/client.h"
+#include "common/cpu_time.h"
 #include "common/file.h"
 #include "common/pyjson.h"
 #include "common/status.h"
@@ -103,10 +104,6 @@ absl::StatusOr<ChildProcess> Spawn(const std::string& path,
   return child;
 }
 
-double TimevalSeconds(const struct timeval& t) {
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-}
-
 /// Reads the children's output until every pipe is at EOF, calling `tick`
 /// about once a second, then reaps them.
 void DrainAndWait(std::vector<ChildProcess>& children,
@@ -149,8 +146,7 @@ void DrainAndWait(std::vector<ChildProcess>& children,
     while (::wait4(c.pid, &c.wait_status, 0, &usage) < 0 && errno == EINTR) {
     }
     c.exited = true;
-    c.cpu_seconds =
-        TimevalSeconds(usage.ru_utime) + TimevalSeconds(usage.ru_stime);
+    c.cpu_seconds = CpuSeconds(usage);
   }
 }
 
@@ -767,12 +763,15 @@ int RunBench(const Args& args) {
   // The daemon's CPU time over the run (all its threads; --daemon-pid), and
   // per byte the clients received: what the serving side costs, to set
   // beside grpc_stream_bench's server_cpu_seconds.
+  std::optional<double> daemon_ns_per_byte;
+  if (daemon_cpu && total_bytes > 0) {
+    daemon_ns_per_byte = *daemon_cpu * 1e9 / static_cast<double>(total_bytes);
+  }
   j["daemon_cpu_seconds"] =
       daemon_cpu ? OrderedJson(*daemon_cpu) : OrderedJson(nullptr);
-  j["daemon_cpu_ns_per_byte"] =
-      daemon_cpu && total_bytes > 0
-          ? OrderedJson(*daemon_cpu * 1e9 / static_cast<double>(total_bytes))
-          : OrderedJson(nullptr);
+  j["daemon_cpu_ns_per_byte"] = daemon_ns_per_byte
+                                    ? OrderedJson(*daemon_ns_per_byte)
+                                    : OrderedJson(nullptr);
   j["reservoir_bytes"] = status_after->reservoir_bytes;
   if (fio_mean.has_value()) {
     OrderedJson f;
@@ -841,9 +840,9 @@ int RunBench(const Args& args) {
     std::printf(" (peak %s MiB)", Mib(static_cast<double>(*hwm)).c_str());
   std::printf(", reservoir %s MiB\n",
               Mib(static_cast<double>(status_after->reservoir_bytes)).c_str());
-  if (daemon_cpu && total_bytes > 0) {
+  if (daemon_ns_per_byte) {
     std::printf("daemon CPU %.2f s (%.3f ns per byte delivered)\n", *daemon_cpu,
-                *daemon_cpu * 1e9 / static_cast<double>(total_bytes));
+                *daemon_ns_per_byte);
   }
   if (fio_mean) {
     std::vector<std::string> rates;

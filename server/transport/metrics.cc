@@ -1,6 +1,5 @@
 #include "server/transport/metrics.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cpu_time.h"
 #include "common/file.h"
 #include "common/version.h"
 
@@ -46,15 +46,6 @@ std::string Labels(const StreamFigures& c) {
                       LabelValue(c.info.peer), "\",dataset=\"",
                       LabelValue(c.info.dataset), "\",transport=\"",
                       c.info.transport, "\"}");
-}
-
-double CpuSeconds() {
-  rusage u{};
-  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
 }  // namespace
@@ -98,7 +89,8 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   metric("process_open_fds", "gauge", "Number of open file descriptors.",
          std::max<int64_t>(0, CountOpenDescriptors()));
   metric("process_cpu_seconds_total", "counter",
-         "Total user and system CPU time spent in seconds.", CpuSeconds());
+         "Total user and system CPU time spent in seconds.",
+         ProcessCpuSeconds());
   metric("shardcast_calls_in_flight", "gauge", "Calls being served.",
          calls_in_flight.load());
   metric("shardcast_calls_total", "counter", "Calls received.",

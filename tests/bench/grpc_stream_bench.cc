@@ -43,7 +43,6 @@
 //       --messages 400 [--clients N] [--fork] [--parse-protobuf] [--json]
 //   grpc_stream_bench --socket /tmp/x.sock --unary 20000 [--threads T] [--json]
 #include <malloc.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/cli_args.h"
+#include "common/cpu_time.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -262,17 +262,6 @@ struct ClientResult {
   double cpu_seconds = -1;  // --fork: the client process's user + system
   char error[256] = {0};    // empty when the call succeeded
 };
-
-// This process's CPU time so far, user + system, all threads.
-double ProcessCpuSeconds() {
-  struct rusage u = {};
-  ::getrusage(RUSAGE_SELF, &u);
-  const auto sec = [](const struct timeval& t) {
-    return static_cast<double>(t.tv_sec) +
-           static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return sec(u.ru_utime) + sec(u.ru_stime);
-}
 
 struct ClientConfig {
   std::string address;
@@ -843,11 +832,13 @@ int Main(int argc, char** argv) {
   out["server_cpu_seconds"] = server_cpu >= 0
                                   ? nlohmann::ordered_json(server_cpu)
                                   : nlohmann::ordered_json(nullptr);
-  out["server_cpu_ns_per_byte"] =
+  const double server_ns_per_byte =
       server_cpu >= 0 && total > 0
-          ? nlohmann::ordered_json(server_cpu * 1e9 /
-                                   static_cast<double>(total))
-          : nlohmann::ordered_json(nullptr);
+          ? server_cpu * 1e9 / static_cast<double>(total)
+          : -1;
+  out["server_cpu_ns_per_byte"] =
+      server_ns_per_byte >= 0 ? nlohmann::ordered_json(server_ns_per_byte)
+                              : nlohmann::ordered_json(nullptr);
   if (args->Has("json")) {
     std::cout << out.dump() << std::endl;
   } else {
@@ -860,9 +851,9 @@ int Main(int argc, char** argv) {
                 out["total_bytes_per_second"].get<double>() / 1e6, list.size(),
                 parse_protobuf ? "protobuf" : "raw",
                 fork ? "processes" : "threads");
-    if (server_cpu >= 0 && total > 0) {
+    if (server_ns_per_byte >= 0) {
       std::printf("server CPU %.2f s (%.3f ns per byte)\n", server_cpu,
-                  server_cpu * 1e9 / static_cast<double>(total));
+                  server_ns_per_byte);
     }
   }
   return failed ? 1 : 0;

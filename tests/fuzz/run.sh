@@ -9,7 +9,7 @@
 # (and --ci) runs every test in it too, so it is configured here, once:
 #
 #   bash tests/fuzz/run.sh [SECONDS]     # default 30 per target
-#   bash tests/fuzz/run.sh --configure DIR   # only configure DIR so
+#   bash tests/fuzz/run.sh --configure DIR   # only configure DIR that way
 #   SHARDCAST_FUZZ_TARGETS="npy metadata" bash tests/fuzz/run.sh 60
 #   SHARDCAST_FUZZ_JOBS=1 ...            # build parallelism (default 2)
 #
