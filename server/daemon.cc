@@ -251,8 +251,7 @@ struct Daemon::Impl {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
-  // The Unix socket (null without); before shm, which asks it who may map.
-  std::unique_ptr<LocalAcceptor> local;
+  std::unique_ptr<LocalAcceptor> local;  // the Unix socket (null without)
   std::unique_ptr<ShmService> shm;  // null: shared memory is off
   // Null: local queries are off, or the kernel has no io_uring.
   std::unique_ptr<LocalQueryService> local_queries;
@@ -301,23 +300,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   d->pool = std::make_unique<WorkerPool>(options.QueryThreads());
   // Idle batch buffers kept for reuse: a few per stream at most.
   d->buffers = std::make_unique<BufferPool>(256ull << 20);
-  if (!options.unix_socket.empty()) {
-    LocalAcceptorOptions local;
-    local.path = options.unix_socket;
-    local.mode = kSocketMode;
-    local.group = options.socket_group;
-    local.max_connections = static_cast<int>(options.max_connections);
-    local.send_buffer_bytes = static_cast<int>(options.socket_send_buffer);
-    ASSIGN_OR_RETURN(local.allow_uids, ResolveUsers(options.allow_users));
-    ASSIGN_OR_RETURN(local.allow_gids, ResolveGroups(options.allow_groups));
-    ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));
-  }
-  // Who may use the side channels beside the Unix socket (shared memory,
-  // local queries): whom --allow-user/--allow-group let in.
-  const auto side_channel_admits = [local = d->local.get()](uid_t uid,
-                                                            gid_t gid) {
-    return local->Admits({0, uid, gid});
+  // Whom --allow-user/--allow-group let in, on the Unix socket and on the
+  // side channels beside it (shared memory, local queries).
+  LocalAllowList allow;
+  ASSIGN_OR_RETURN(allow.uids, ResolveUsers(options.allow_users));
+  ASSIGN_OR_RETURN(allow.gids, ResolveGroups(options.allow_groups));
+  const auto side_channel_admits = [allow](uid_t uid, gid_t gid) {
+    return allow.Admits(uid, gid);
   };
+  // The side channels' sockets are bound (and listening) before the Unix
+  // socket: a client that finds the Unix socket finds them. Bound after, a
+  // client connecting in between would send its queries over gRPC for as
+  // long as it runs (it looks for the query socket once, at Connect), and
+  // a stream opened while the shared-memory socket was bound but not yet
+  // listening would fail.
   if (!options.unix_socket.empty() && !options.disable_shared_memory) {
     ShmServiceOptions shm;
     shm.path = options.unix_socket + shm::kSocketSuffix;
@@ -355,6 +351,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     } else {
       return started.status();
     }
+  }
+  if (!options.unix_socket.empty()) {
+    LocalAcceptorOptions local;
+    local.path = options.unix_socket;
+    local.mode = kSocketMode;
+    local.group = options.socket_group;
+    local.max_connections = static_cast<int>(options.max_connections);
+    local.send_buffer_bytes = static_cast<int>(options.socket_send_buffer);
+    local.allow = std::move(allow);
+    ASSIGN_OR_RETURN(d->local, LocalAcceptor::Create(std::move(local)));
   }
   TransportContext context;
   context.engine = d->engine.get();

@@ -76,6 +76,13 @@ int64_t DescriptorsLeft() {
 
 }  // namespace
 
+bool LocalAllowList::Admits(uid_t uid, gid_t gid) const {
+  if (uids.empty() && gids.empty()) return true;
+  if (uid == 0 || uid == ::geteuid()) return true;
+  return std::find(uids.begin(), uids.end(), uid) != uids.end() ||
+         std::find(gids.begin(), gids.end(), gid) != gids.end();
+}
+
 LocalAcceptor::LocalAcceptor(LocalAcceptorOptions options)
     : options_(std::move(options)) {}
 
@@ -173,15 +180,6 @@ void LocalAcceptor::Loop() {
   }
 }
 
-bool LocalAcceptor::Admits(const LocalPeer& peer) const {
-  if (options_.allow_uids.empty() && options_.allow_gids.empty()) return true;
-  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
-  const auto& uids = options_.allow_uids;
-  const auto& gids = options_.allow_gids;
-  return std::find(uids.begin(), uids.end(), peer.uid) != uids.end() ||
-         std::find(gids.begin(), gids.end(), peer.gid) != gids.end();
-}
-
 void LocalAcceptor::Admit(int fd) {
   Connection c;
   struct ucred cred = {};
@@ -198,7 +196,7 @@ void LocalAcceptor::Admit(int fd) {
     int64_t admitted = 0;
     for (const auto& [n, other] : connections_) admitted += other.admitted;
     const int64_t open = static_cast<int64_t>(connections_.size());
-    if (!Admits(c.peer)) {
+    if (!options_.allow.Admits(c.peer.uid, c.peer.gid)) {
       refused_denied_.fetch_add(1, std::memory_order_relaxed);
       LogWarning("local connection from pid ", c.peer.pid, " uid ", c.peer.uid,
                  " gid ", c.peer.gid, " refused: not an allowed uid/gid");

@@ -41,6 +41,17 @@ struct LocalPeer {
   gid_t gid = 0;
 };
 
+/// Whom --allow-user/--allow-group let in: everyone when both lists are
+/// empty; otherwise root, the daemon's own user, the listed users and the
+/// members of the listed groups (the primary group of the connecting
+/// process). The Unix socket and the side channels beside it (shared
+/// memory, local queries) apply the same list.
+struct LocalAllowList {
+  std::vector<uid_t> uids;
+  std::vector<gid_t> gids;
+  bool Admits(uid_t uid, gid_t gid) const;
+};
+
 struct LocalAcceptorOptions {
   std::string path;  // the socket to create (its directory was checked)
   mode_t mode = 0660;
@@ -48,11 +59,8 @@ struct LocalAcceptorOptions {
   /// Connections admitted at once; more are answered RESOURCE_EXHAUSTED,
   /// and beyond twice as many closed at once.
   int max_connections = 1024;
-  /// When either is non-empty, only these users / members of these groups
-  /// (primary group of the connecting process) are admitted; others get
-  /// PERMISSION_DENIED. Root (uid 0) and the daemon's own uid always are.
-  std::vector<uid_t> allow_uids;
-  std::vector<gid_t> allow_gids;
+  /// Who is admitted; others get PERMISSION_DENIED.
+  LocalAllowList allow;
   /// SO_SNDBUF asked for each accepted connection; 0: the kernel's default.
   /// With the default ~208 KiB a 16 MiB batch message crosses the socket in
   /// ~80 rounds of fill, wait for the reader, wake up; with 4 MiB warm gRPC
@@ -96,10 +104,6 @@ class LocalAcceptor {
   LocalAcceptorFigures Figures() const;
   /// Whether accept() is failing right now (cheap: for /healthz).
   bool Starved() const { return starved_.load(std::memory_order_relaxed); }
-
-  /// Whether --allow-user/--allow-group let `peer` in (always true without
-  /// them; root and the daemon's own user always are).
-  bool Admits(const LocalPeer& peer) const;
 
  private:
   struct Connection {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/file.h"
 #include "common/query_protocol.h"
@@ -175,26 +177,13 @@ class DaemonTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     auto p =
         std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
-    // The daemon binds its Unix socket before the shared-memory and local
-    // query sockets beside it: wait for those it will have too, or a test
-    // that goes straight to one (RawQueryConnection) finds no socket there
-    // (seen under TSan, where the daemon starts slowly).
-    const auto has = [&extra](const char* flag) {
-      return std::find(extra.begin(), extra.end(), flag) != extra.end();
-    };
-    std::vector<std::string> paths = {sock};
-    if (!has("--disable-shared-memory")) {
-      paths.push_back(sock + shm::kSocketSuffix);
-    }
-    if (!has("--disable-local-queries")) {
-      paths.push_back(sock + local_query::kSocketSuffix);
-    }
-    for (const std::string& path : paths) {
-      for (int i = 0; i < 500; ++i) {
-        struct stat st;
-        if (::stat(path.c_str(), &st) == 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+    // The daemon binds its Unix socket after the shared-memory and local
+    // query sockets beside it (SideSocketsAreBoundBeforeTheUnixSocket): once
+    // it is there, so are they, for a test that goes straight to one.
+    for (int i = 0; i < 500; ++i) {
+      struct stat st;
+      if (::stat(sock.c_str(), &st) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return p;
   }
@@ -1595,6 +1584,44 @@ TEST_F(DaemonTest, SocketIsGroupOnly) {
   struct stat st;
   ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+// A client that finds the Unix socket finds the shared-memory and local
+// query sockets beside it: bound after, a client connecting in between
+// would stream and query over gRPC for as long as it runs. The directory's
+// inotify events give the order in which the daemon created them.
+TEST_F(DaemonTest, SideSocketsAreBoundBeforeTheUnixSocket) {
+  const std::string run = DirName(socket_);
+  ASSERT_EQ(::mkdir(run.c_str(), 0700), 0);
+  UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  ASSERT_TRUE(watch.valid());
+  ASSERT_GE(::inotify_add_watch(watch.get(), run.c_str(), IN_CREATE), 0);
+  daemon_ = StartDaemon();
+  ASSERT_NE(Connect(), nullptr);
+  std::vector<std::string> created;
+  alignas(struct inotify_event) char buf[16384];
+  for (;;) {
+    const ssize_t n = ::read(watch.get(), buf, sizeof(buf));
+    if (n <= 0) break;
+    for (ssize_t at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const struct inotify_event*>(buf + at);
+      if (e->len > 0) created.emplace_back(e->name);
+      at += static_cast<ssize_t>(sizeof(struct inotify_event) + e->len);
+    }
+  }
+  const std::string base = BaseName(socket_);
+  const auto at = [&created](const std::string& name) {
+    return std::find(created.begin(), created.end(), name) - created.begin();
+  };
+  const auto main_at = at(base);
+  ASSERT_LT(main_at, static_cast<ptrdiff_t>(created.size()))
+      << "no creation of " << base << " seen";
+  for (const char* suffix : {shm::kSocketSuffix, local_query::kSocketSuffix}) {
+    const std::string side = base + suffix;
+    EXPECT_LT(at(side), main_at)
+        << side << " created after the Unix socket; in order: "
+        << absl::StrJoin(created, ", ");
+  }
 }
 
 TEST_F(DaemonTest, TcpWithoutTlsNeedsExplicitInsecure) {
