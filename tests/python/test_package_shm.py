@@ -273,6 +273,23 @@ def test_tampered_release_is_invalid_argument_and_others_are_served(
         wait_for(lambda: client.status().shm_regions == 0, what="regions freed")
 
 
+def test_a_stream_dropped_unfinished_ends_in_the_daemon(start_daemon, datasets):
+    """A trainer that breaks out of its loop and drops the stream, without
+    close() or `with`: the daemon sees the call end and frees its region and
+    slots while the process goes on (the Stream is freed by its reference
+    count; nothing may keep it alive until the process exits)."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    with shardcast.Client(d.address) as client:
+        for b in client.stream(r.id, layer=6, batch_size=20, epochs=0):
+            assert b.rows == 20 and b.slot is not None  # over shared memory
+            break
+        st = wait_for(lambda: (lambda s: s if (s.shm_regions, s.shm_streams) == (0, 0)
+                               else None)(client.status()),
+                      timeout=5, what="the dropped stream's region freed")
+        assert st.shm_bytes == 0, st
+
+
 # ---------------------------------------------------------------------------
 # Absurd region requests.
 

@@ -166,16 +166,14 @@ class Stream:
             self._requests = queue.SimpleQueue()
             self._requests.put(pb.SharedStreamMessage(request=request,
                                                       region=self._region.token))
-            self._call = client._stream.SharedStream(self._outgoing())
+            # The request iterator holds the queue, not the Stream: gRPC
+            # keeps it until the call ends, and through it the Stream would
+            # stay alive too, so that one dropped unfinished (a trainer that
+            # breaks out of its loop) was never closed and kept its call,
+            # region and slots in the daemon until the process exited.
+            self._call = client._stream.SharedStream(_outgoing(self._requests))
         else:
             self._call = client._stream.Stream(request)
-
-    def _outgoing(self):
-        while True:
-            message = self._requests.get()
-            if message is None:
-                return
-            yield message
 
     def _release(self):
         if self._held is not None:
@@ -266,6 +264,15 @@ class Stream:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _outgoing(requests):
+    """A shared-memory stream's messages to the daemon, until None."""
+    while True:
+        message = requests.get()
+        if message is None:
+            return
+        yield message
 
 
 def _code_name(number):
