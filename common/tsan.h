@@ -8,7 +8,9 @@
 #ifndef SHARDCAST_COMMON_TSAN_H_
 #define SHARDCAST_COMMON_TSAN_H_
 
-#if defined(__SANITIZE_THREAD__)
+#include "common/sanitizers.h"
+
+#if defined(SHARDCAST_TSAN)
 #include <sanitizer/tsan_interface.h>
 // Exported by the TSan runtime (dynamic annotations).
 extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
@@ -22,7 +24,7 @@ extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
 namespace shardcast {
 
 inline void TsanAcquire(void* addr) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SHARDCAST_TSAN)
   __tsan_acquire(addr);
 #else
   (void)addr;
@@ -30,7 +32,7 @@ inline void TsanAcquire(void* addr) {
 }
 
 inline void TsanRelease(void* addr) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SHARDCAST_TSAN)
   __tsan_release(addr);
 #else
   (void)addr;
@@ -59,7 +61,7 @@ class TsanReaction {
 /// before it returns; that read is ordered by gRPC, where TSan cannot see.
 template <typename Call>
 void TsanHandOff(void* addr, Call&& call) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SHARDCAST_TSAN)
   __tsan_release(addr);
   AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
   AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
@@ -81,7 +83,7 @@ void TsanHandOff(void* addr, Call&& call) {
 template <typename Reactor>
 void DeleteReactor(Reactor* reactor) {
   reactor->~Reactor();
-#if defined(__SANITIZE_THREAD__)
+#if defined(SHARDCAST_TSAN)
   AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
   ::operator delete(static_cast<void*>(reactor));
   AnnotateIgnoreWritesEnd(__FILE__, __LINE__);

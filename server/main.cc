@@ -10,14 +10,11 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/exit_now.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "server/daemon.h"
 #include "server/options.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
 
 namespace shardcast {
 namespace {
@@ -102,14 +99,9 @@ int Main(int argc, char** argv) {
     break;
   }
   (*daemon)->Shutdown();
-  // Everything is drained, stopped and removed (socket, lock file). Exit
-  // now: destroying gRPC's server runs grpc_shutdown, which in gRPC 1.51
-  // joins an executor thread that can sit out a ~10 s poll first.
-#if defined(__SANITIZE_ADDRESS__)
-  __lsan_do_leak_check();  // what _Exit would skip
-#endif
-  std::fflush(stderr);
-  std::_Exit(0);
+  // Everything is drained, stopped and removed (socket, lock file): exit
+  // without destroying gRPC's server (ExitNow says why).
+  ExitNow(0);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/sanitizers.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -11,19 +13,12 @@
 // TSan leave the intrinsics uninstrumented): sanitized builds copy with
 // memcpy, so that an overrun or a race on a batch is still reported.
 // stream_copy_test checks the streaming path's bounds in the plain build.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(SHARDCAST_ASAN) || defined(SHARDCAST_TSAN)
 #define SHARDCAST_STREAM_STORES 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SHARDCAST_STREAM_STORES 0
-#endif
-#endif
-#if !defined(SHARDCAST_STREAM_STORES)
-#if defined(__x86_64__)
+#elif defined(__x86_64__)
 #define SHARDCAST_STREAM_STORES 1
 #else
 #define SHARDCAST_STREAM_STORES 0
-#endif
 #endif
 
 namespace shardcast {

@@ -64,6 +64,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cli_args.h"
 #include "common/cpu_time.h"
+#include "common/exit_now.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -687,7 +688,7 @@ int Main(int argc, char** argv) {
     ::unlink(socket.c_str());
     if (!unary.ok()) {
       std::cerr << "grpc_stream_bench: " << unary.status() << "\n";
-      return 1;
+      ExitNow(1);
     }
     const std::vector<double>* micros = &unary->micros;
     const auto at = [&](double q) {
@@ -711,7 +712,7 @@ int Main(int argc, char** argv) {
                   out["mode"].get<std::string>().c_str(), at(0.5), at(0.99),
                   out["calls_per_second"].get<double>());
     }
-    return 0;
+    ExitNow(0);
   }
   const bool parse_protobuf = args->Has("parse-protobuf");
   const bool fork = args->Has("fork");
@@ -784,7 +785,7 @@ int Main(int argc, char** argv) {
     server_cpu = ProcessCpuSeconds() - cpu_before;
     if (!r.ok()) {
       std::cerr << "grpc_stream_bench: " << r.status() << "\n";
-      return 1;
+      ExitNow(1);
     }
     results = std::move(*r);
   } else {
@@ -856,7 +857,7 @@ int Main(int argc, char** argv) {
                   server_ns_per_byte);
     }
   }
-  return failed ? 1 : 0;
+  ExitNow(failed ? 1 : 0);
 }
 
 }  // namespace
