@@ -11,7 +11,8 @@
 #   bash tests/fuzz/run.sh [SECONDS]     # default 30 per target
 #   bash tests/fuzz/run.sh --configure DIR   # only configure DIR that way
 #   SHARDCAST_FUZZ_TARGETS="npy metadata" bash tests/fuzz/run.sh 60
-#   SHARDCAST_FUZZ_JOBS=1 ...            # build parallelism (default 2)
+#   SHARDCAST_FUZZ_JOBS=1 ...            # targets run at once (default: the
+#                                        # cores) and build parallelism (2)
 #
 # Prints one line per target, "fuzz <target>: <result> (<runs> runs, <n>
 # exec/s)", the result "ok" or CRASH / LEAK / TIMEOUT / OOM / FAILED with
@@ -78,17 +79,18 @@ for t in "${targets[@]}"; do
 done
 "$build/make_stream_seeds" "$work/corpus" >/dev/null
 
-failed=0
-for t in "${targets[@]}"; do
-  log="$work/$t.log"
-  dict=()
+# Runs target $1 and writes its line, "fuzz <target>: ok|CRASH|LEAK|TIMEOUT|
+# OOM|FAILED ..." (tests/run.sh counts these), to $work/<target>.result.
+fuzz_one() {
+  local t="$1"
+  local log="$work/$t.log"
+  local dict=()
   if [[ -f "tests/fuzz/$t.dict" ]]; then dict=(-dict="tests/fuzz/$t.dict"); fi
-  set +e
+  local rc=0
   "$build/${t}_fuzz" -max_total_time="$seconds" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" \
-    -artifact_prefix="$crashes/$t-" "$work/corpus/$t" >"$log" 2>&1
-  rc=$?
-  set -e
+    -artifact_prefix="$crashes/$t-" "$work/corpus/$t" >"$log" 2>&1 || rc=$?
+  local runs rate
   runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log" | tail -1)
   rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+).*/\1/p' "$log" | tail -1)
   if [[ -z "$runs" ]]; then  # stopped early: the last status line says
@@ -96,13 +98,13 @@ for t in "${targets[@]}"; do
     rate=$(sed -nE 's/.*exec\/s: ([0-9]+).*/\1/p' "$log" | tail -1)
   fi
   # (A slow unit is reported, not a failure: -timeout decides.)
+  local artifact
   artifact=$(sed -nE 's/.*Test unit written to (.*)$/\1/p' "$log" |
     grep -v -- "-slow-unit-" | tail -1 || true)
-  detail=""
+  local result detail="" kind why
   if [[ $rc -eq 0 && -z "$artifact" ]]; then
     result="ok"
   else
-    failed=$((failed + 1))
     case "$(basename "${artifact:-none}")" in
       "$t-crash-"*) kind=CRASH ;;
       "$t-leak-"*) kind=LEAK ;;
@@ -114,9 +116,34 @@ for t in "${targets[@]}"; do
     result="$kind"
     detail=" input ${artifact:-(none saved)}, log $log${why:+: ${why:0:240}}"
   fi
-  # "fuzz <target>: ok|CRASH|LEAK|TIMEOUT|OOM|FAILED ..." (tests/run.sh
-  # counts these lines).
-  echo "fuzz $t: $result (${runs:-?} runs, ${rate:-?} exec/s)${detail}"
+  echo "fuzz $t: $result (${runs:-?} runs, ${rate:-?} exec/s)${detail}" \
+    >"$work/$t.result"
+}
+
+# Each fuzzer is one process on one core: as many at once as there are
+# cores (SHARDCAST_FUZZ_JOBS), so that on 2 cores the four take 2 x SECONDS
+# instead of 4 x.
+parallel=${SHARDCAST_FUZZ_JOBS:-$(nproc)}
+echo "fuzzing ${#targets[@]} target(s) for ${seconds} s each, ${parallel} at a time"
+running=0
+for t in "${targets[@]}"; do
+  if [[ $running -ge $parallel ]]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait
+failed=0
+for t in "${targets[@]}"; do
+  if [[ -f "$work/$t.result" ]]; then
+    line=$(<"$work/$t.result")
+  else
+    line="fuzz $t: FAILED (no result: the runner stopped)"
+  fi
+  echo "$line"
+  [[ $line == "fuzz $t: ok "* ]] || failed=$((failed + 1))
 done
 if [[ $failed -ne 0 ]]; then
   echo "fuzz: $failed of ${#targets[@]} target(s) failed"
