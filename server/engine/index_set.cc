@@ -30,10 +30,10 @@ void IndexSet::Clear(int64_t b) {
 }
 
 std::string IndexSet::ToBytes() const {
+  // Byte i is bits 8i..8i+7: byte i % 8 of word i / 8, little-endian.
   std::string out(static_cast<size_t>((n_ + 7) / 8), '\0');
-  for (int64_t b = 0; b < n_; ++b) {
-    if (Has(b))
-      out[static_cast<size_t>(b / 8)] |= static_cast<char>(1 << (b % 8));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<char>(words_[i / 8] >> (8 * (i % 8)));
   }
   return out;
 }

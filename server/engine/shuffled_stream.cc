@@ -162,10 +162,17 @@ std::string ShuffledStream::ResumeToken() const {
   for (const auto& [block, remaining] : partial_) {
     if (left.Has(block)) partial.emplace(block, remaining);
   }
+  // Once per batch over the whole pool: the set of each entry's block is
+  // looked up once per active slot, not once per entry.
+  std::vector<IndexSet*> of_slot(active_.size(), nullptr);
   for (const Entry& e : pool_) {
-    const Block& b = *active_[e.slot].block;
-    partial.try_emplace(b.id, b.vectors).first->second.Set(e.local);
-    left.Set(b.id);
+    IndexSet*& remaining = of_slot[e.slot];
+    if (remaining == nullptr) {
+      const Block& b = *active_[e.slot].block;
+      remaining = &partial.try_emplace(b.id, b.vectors).first->second;
+      left.Set(b.id);
+    }
+    remaining->Set(e.local);
   }
   TokenWriter t(kTokenMagic);
   t.Put<uint64_t>(fingerprint_);

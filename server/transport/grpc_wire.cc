@@ -3,23 +3,41 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <vector>
 
+#include "grpc/slice.h"
+#include "grpc/slice_buffer.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "shardcast/v1/shardcast.pb.h"
 
 namespace shardcast {
 namespace {
 
+// Builds a ByteBuffer slice by slice, each added slice's reference handed
+// to the buffer. grpc::ByteBuffer(slices, n) takes a reference of its own to
+// each slice, and the caller's copies are then dropped: two atomic updates
+// and a pass per slice, which for a batch of 4,096 shuffled vectors (one
+// slice each) was a third of the daemon's time in libgrpc. gRPC's
+// ProtoBufferWriter makes the buffer and gives its subclasses the list.
+class SliceListWriter final : public grpc::ProtoBufferWriter {
+ public:
+  explicit SliceListWriter(grpc::ByteBuffer* out)
+      : ProtoBufferWriter(out, grpc::kProtoBufferWriterMaxBufferLength,
+                          std::numeric_limits<int>::max()) {}
+  /// Appends `owned`, whose reference the buffer now holds.
+  void Add(grpc_slice owned) { grpc_slice_buffer_add(slice_buffer(), owned); }
+};
+
 // `header` (a message serialized without its last field) + that field's tag
-// and the payload's length, as the first slice of `slices` (whose others are
-// the payload, in order).
+// and `length`, the payload's size; `add_payload(SliceListWriter&)` then
+// appends the payload's slices, `length` bytes in all, in order.
+template <typename AddPayload>
 grpc::ByteBuffer WithPayloadField(std::string header, int field,
-                                  std::vector<grpc::Slice> slices) {
+                                  uint64_t length, AddPayload add_payload) {
   constexpr int kLengthDelimited = 2;  // protobuf wire type of bytes fields
-  uint64_t v = (static_cast<uint64_t>(field) << 3) | kLengthDelimited;
-  uint64_t length = 0;
-  for (size_t i = 1; i < slices.size(); ++i) length += slices[i].size();
+  const uint64_t v = (static_cast<uint64_t>(field) << 3) | kLengthDelimited;
   for (uint64_t n : {v, length}) {
     while (n >= 0x80) {
       header.push_back(static_cast<char>((n & 0x7F) | 0x80));
@@ -27,15 +45,21 @@ grpc::ByteBuffer WithPayloadField(std::string header, int field,
     }
     header.push_back(static_cast<char>(n));
   }
-  slices[0] = grpc::Slice(header);
-  return grpc::ByteBuffer(slices.data(), slices.size());
+  grpc::ByteBuffer out;
+  SliceListWriter writer(&out);
+  writer.Add(grpc_slice_from_copied_buffer(header.data(), header.size()));
+  add_payload(writer);
+  return out;
 }
 
+// The same with one payload slice, handed over.
 grpc::ByteBuffer WithPayloadField(std::string header, int field,
                                   grpc::Slice payload) {
-  std::vector<grpc::Slice> slices(2);
-  slices[1] = std::move(payload);
-  return WithPayloadField(std::move(header), field, std::move(slices));
+  const uint64_t length = payload.size();
+  return WithPayloadField(std::move(header), field, length,
+                          [&payload](SliceListWriter& w) {
+                            w.Add(payload.c_slice());  // a new reference
+                          });
 }
 
 // Pins of view slices gRPC still holds (ViewSlicesOutstanding).
@@ -99,19 +123,21 @@ grpc::ByteBuffer VectorRowsReply(const std::vector<int64_t>& shape,
   std::sort(rows.begin(), rows.end());
   v1::VectorRows header;
   for (int64_t s : shape) header.add_shape(s);
-  std::vector<grpc::Slice> slices(1);  // [0]: the header's
-  for (size_t i = 0; i < rows.size();) {
-    size_t end = i + 1;  // rows[i, end) are consecutive
-    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
-    const size_t at = static_cast<size_t>(rows[i]) * vector_bytes;
-    if (vector_bytes > 0) {
-      slices.push_back(buffer.sub(at, at + (end - i) * vector_bytes));
-    }
-    i = end;
-  }
   header.mutable_rows()->Assign(rows.begin(), rows.end());
-  return WithPayloadField(header.SerializeAsString(),
-                          v1::VectorRows::kDataFieldNumber, std::move(slices));
+  return WithPayloadField(
+      header.SerializeAsString(), v1::VectorRows::kDataFieldNumber,
+      rows.size() * vector_bytes, [&](SliceListWriter& w) {
+        if (vector_bytes == 0) return;
+        const grpc_slice whole = buffer.c_slice();
+        for (size_t i = 0; i < rows.size();) {
+          size_t end = i + 1;  // rows[i, end) are consecutive
+          while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+          const size_t at = static_cast<size_t>(rows[i]) * vector_bytes;
+          w.Add(grpc_slice_sub(whole, at, at + (end - i) * vector_bytes));
+          i = end;
+        }
+        grpc_slice_unref(whole);
+      });
 }
 
 grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
@@ -135,32 +161,35 @@ grpc::ByteBuffer ViewsBatchReply(StreamBatch& b, int64_t d_model,
     const char* end = nullptr;
   };
   std::vector<Span> spans(views->pins.size());
+  uint64_t length = 0;
   for (const VectorViews::Run& r : views->runs) {
     Span& sp = spans[r.pin];
     if (sp.begin == nullptr || r.data < sp.begin) sp.begin = r.data;
     if (sp.end == nullptr || r.data + r.bytes > sp.end)
       sp.end = r.data + r.bytes;
+    length += r.bytes;
   }
-  std::vector<grpc::Slice> owners;
-  owners.reserve(spans.size());
-  for (size_t p = 0; p < spans.size(); ++p) {
-    g_view_pins.fetch_add(1, std::memory_order_relaxed);
-    // gRPC only reads a slice it sends: the const_cast is for its type.
-    owners.emplace_back(const_cast<char*>(spans[p].begin),
-                        static_cast<size_t>(spans[p].end - spans[p].begin),
-                        &ViewPin::Destroy,
-                        new ViewPin{std::move(views->pins[p])});
-  }
-  std::vector<grpc::Slice> slices;
-  slices.reserve(views->runs.size() + 1);
-  slices.emplace_back();  // the header's
-  for (const VectorViews::Run& r : views->runs) {
-    const size_t at = static_cast<size_t>(r.data - spans[r.pin].begin);
-    slices.push_back(owners[r.pin].sub(at, at + r.bytes));
-  }
+  grpc::ByteBuffer out = WithPayloadField(
+      header.SerializeAsString(), v1::Batch::kVectorsFieldNumber, length,
+      [&](SliceListWriter& w) {
+        std::vector<grpc_slice> owners;
+        owners.reserve(spans.size());
+        for (size_t p = 0; p < spans.size(); ++p) {
+          g_view_pins.fetch_add(1, std::memory_order_relaxed);
+          // gRPC only reads a slice it sends: the const_cast is for its type.
+          owners.push_back(grpc_slice_new_with_user_data(
+              const_cast<char*>(spans[p].begin),
+              static_cast<size_t>(spans[p].end - spans[p].begin),
+              &ViewPin::Destroy, new ViewPin{std::move(views->pins[p])}));
+        }
+        for (const VectorViews::Run& r : views->runs) {
+          const size_t at = static_cast<size_t>(r.data - spans[r.pin].begin);
+          w.Add(grpc_slice_sub(owners[r.pin], at, at + r.bytes));
+        }
+        for (const grpc_slice& owner : owners) grpc_slice_unref(owner);
+      });
   views->Clear();
-  return WithPayloadField(header.SerializeAsString(),
-                          v1::Batch::kVectorsFieldNumber, std::move(slices));
+  return out;
 }
 
 int64_t ViewSlicesOutstanding() {
