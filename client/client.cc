@@ -142,6 +142,9 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   out.bytes_read_from_disk = s.bytes_read_from_disk();
   out.device_read_bytes = s.device_read_bytes();
   out.memory_rss_bytes = s.memory_rss_bytes();
+  out.memory_rss_anon_bytes = s.memory_rss_anon_bytes();
+  out.memory_rss_file_bytes = s.memory_rss_file_bytes();
+  out.memory_rss_shmem_bytes = s.memory_rss_shmem_bytes();
   out.datasets_ok = s.datasets_ok();
   out.datasets_failed = s.datasets_failed();
   out.reservoir_bytes = s.reservoir_bytes();

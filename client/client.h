@@ -159,6 +159,11 @@ struct DaemonStatus {
   uint64_t bytes_read_from_disk = 0;  // what the daemon asked the kernel for
   uint64_t device_read_bytes = 0;     // what the disks read (/proc/self/io)
   uint64_t memory_rss_bytes = 0;
+  // By kind (they add up to memory_rss_bytes): the daemon's own memory,
+  // mapped files (shard pages, the program), local clients' regions.
+  uint64_t memory_rss_anon_bytes = 0;
+  uint64_t memory_rss_file_bytes = 0;
+  uint64_t memory_rss_shmem_bytes = 0;
   int64_t datasets_ok = 0;
   int64_t datasets_failed = 0;
   uint64_t reservoir_bytes = 0;           // --reservoir-bytes (whole blocks)

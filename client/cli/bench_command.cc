@@ -760,6 +760,10 @@ int RunBench(const Args& args) {
       io_delta ? OrderedJson(*io_delta) : OrderedJson(nullptr);
   j["daemon_rss_bytes"] = rss;
   j["daemon_hwm_bytes"] = hwm ? OrderedJson(*hwm) : OrderedJson(nullptr);
+  // The RSS by kind at the end (the daemon's own status).
+  j["daemon_rss_anon_bytes"] = status_after->memory_rss_anon_bytes;
+  j["daemon_rss_file_bytes"] = status_after->memory_rss_file_bytes;
+  j["daemon_rss_shmem_bytes"] = status_after->memory_rss_shmem_bytes;
   // The daemon's CPU time over the run (all its threads; --daemon-pid), and
   // per byte the clients received: what the serving side costs, to set
   // beside grpc_stream_bench's server_cpu_seconds.
@@ -840,6 +844,14 @@ int RunBench(const Args& args) {
     std::printf(" (peak %s MiB)", Mib(static_cast<double>(*hwm)).c_str());
   std::printf(", reservoir %s MiB\n",
               Mib(static_cast<double>(status_after->reservoir_bytes)).c_str());
+  if (status_after->memory_rss_anon_bytes > 0)  // 0 from an older daemon
+    std::printf(
+        "  of the RSS at the end: its own %s MiB, mapped files (shard pages, "
+        "the program) %s MiB, "
+        "clients' shared-memory regions %s MiB\n",
+        Mib(static_cast<double>(status_after->memory_rss_anon_bytes)).c_str(),
+        Mib(static_cast<double>(status_after->memory_rss_file_bytes)).c_str(),
+        Mib(static_cast<double>(status_after->memory_rss_shmem_bytes)).c_str());
   if (daemon_ns_per_byte) {
     std::printf("daemon CPU %.2f s (%.3f ns per byte delivered)\n", *daemon_cpu,
                 *daemon_ns_per_byte);

@@ -468,6 +468,10 @@ Check CheckMemory(const Subject& s) {
     // Its reservoir is already allocated: only the machine's size matters.
     absl::StrAppend(&c.detail, "; the daemon holds ",
                     Mib(s.daemon->memory_rss_bytes), " resident");
+    if (s.daemon->memory_rss_anon_bytes > 0) {  // 0 from an older daemon
+      absl::StrAppend(&c.detail, " (", Mib(s.daemon->memory_rss_anon_bytes),
+                      " its own)");
+    }
     if (*total < needed) c.verdict = Verdict::kFail;
     return c;
   }

@@ -442,6 +442,9 @@ int RunStatus(const Args& args) {
   j["bytes_read_from_disk"] = s->bytes_read_from_disk;
   j["device_read_bytes"] = s->device_read_bytes;
   j["memory_rss_bytes"] = s->memory_rss_bytes;
+  j["memory_rss_anon_bytes"] = s->memory_rss_anon_bytes;
+  j["memory_rss_file_bytes"] = s->memory_rss_file_bytes;
+  j["memory_rss_shmem_bytes"] = s->memory_rss_shmem_bytes;
   j["datasets_ok"] = s->datasets_ok;
   j["datasets_failed"] = s->datasets_failed;
   j["reservoir_bytes"] = s->reservoir_bytes;

@@ -83,7 +83,11 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_calls_total(m.calls_total.load() + 1);  // this one too
   response->set_calls_failed(m.CallsFailed());
   response->set_bytes_served(m.bytes_served.load());
-  response->set_memory_rss_bytes(ResidentBytes());
+  const ResidentMemory rss = ReadResidentMemory();
+  response->set_memory_rss_bytes(rss.total);
+  response->set_memory_rss_anon_bytes(rss.anon);
+  response->set_memory_rss_file_bytes(rss.file);
+  response->set_memory_rss_shmem_bytes(rss.shmem);
   response->set_datasets_ok(e.datasets_ok);
   response->set_datasets_failed(e.datasets_failed);
   response->set_bytes_read_from_disk(e.bytes_read);

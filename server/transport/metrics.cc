@@ -84,8 +84,21 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   metric("process_start_time_seconds", "gauge",
          "Start time of the process since the Unix epoch in seconds.",
          absl::ToDoubleSeconds(start_time - absl::UnixEpoch()));
+  const ResidentMemory rss = ReadResidentMemory();
   metric("process_resident_memory_bytes", "gauge",
-         "Resident memory size in bytes.", ResidentBytes());
+         "Resident memory size in bytes.", rss.total);
+  family("shardcast_resident_memory_bytes", "gauge",
+         "Resident memory by kind: anon (the daemon's own: heap, reservoir "
+         "blocks), file (mapped files: shard pages from the page cache, the "
+         "program and its libraries), shmem "
+         "(local clients' shared-memory regions, mapped here too).");
+  for (const auto& [kind, bytes] :
+       {std::pair<const char*, uint64_t>{"anon", rss.anon},
+        {"file", rss.file},
+        {"shmem", rss.shmem}}) {
+    absl::StrAppend(&out, "shardcast_resident_memory_bytes{kind=\"", kind,
+                    "\"} ", bytes, "\n");
+  }
   metric("process_open_fds", "gauge", "Number of open file descriptors.",
          std::max<int64_t>(0, CountOpenDescriptors()));
   metric("process_cpu_seconds_total", "counter",
@@ -243,15 +256,23 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
   return out;
 }
 
-uint64_t ResidentBytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  unsigned long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%lu %lu", &size, &resident);
+ResidentMemory ReadResidentMemory() {
+  ResidentMemory m;
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long kib = 0;
+    char key[32];
+    if (std::sscanf(line, "%31[^:]: %llu kB", key, &kib) != 2) continue;
+    const uint64_t bytes = static_cast<uint64_t>(kib) * 1024;
+    if (std::strcmp(key, "VmRSS") == 0) m.total = bytes;
+    if (std::strcmp(key, "RssAnon") == 0) m.anon = bytes;
+    if (std::strcmp(key, "RssFile") == 0) m.file = bytes;
+    if (std::strcmp(key, "RssShmem") == 0) m.shmem = bytes;
+  }
   std::fclose(f);
-  if (n != 2) return 0;
-  return static_cast<uint64_t>(resident) *
-         static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return m;
 }
 
 uint64_t DeviceReadBytes() {

@@ -62,8 +62,20 @@ struct Metrics {
                              const LocalAcceptorFigures& local) const;
 };
 
-/// Resident set size of this process, from /proc/self/statm (0 if unknown).
-uint64_t ResidentBytes();
+/// Resident memory of this process by kind, from /proc/self/status (zeros
+/// if unknown). `total` (VmRSS) is the sum of the three others.
+struct ResidentMemory {
+  uint64_t total = 0;
+  /// RssAnon: the daemon's own memory (heap, reservoir blocks).
+  uint64_t anon = 0;
+  /// RssFile: mapped files: shard pages of the page cache (which the
+  /// kernel can drop under pressure) and the program and its libraries.
+  uint64_t file = 0;
+  /// RssShmem: shared memory, which for the daemon is the local clients'
+  /// regions (their memfds, charged to them) mapped here too.
+  uint64_t shmem = 0;
+};
+ResidentMemory ReadResidentMemory();
 
 /// Bytes the storage layer fetched for this process (/proc/self/io
 /// read_bytes: block-device reads, page-cache read-ahead included; 0 if

@@ -953,6 +953,13 @@ def test_health_status_and_http(stubs, channel, query, admin, datasets, daemon):
         lines = [l for l in text.splitlines() if re.match(rf"{metric}(\{{[^}}]*\}})? ", l)]
         assert lines, f"/metrics has no {metric} sample:\n{text[:3000]}"
         assert any(float(l.rsplit(" ", 1)[1]) > 0 for l in lines), lines
+    # Resident memory by kind, from the same reading as the total: they add up.
+    kinds = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^shardcast_resident_memory_bytes\{kind="(\w+)"\} (\S+)$', text, re.M)}
+    assert sorted(kinds) == ["anon", "file", "shmem"], text[:3000]
+    total = float(re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M).group(1))
+    assert sum(kinds.values()) == total > 0, (kinds, total)
+    assert kinds["anon"] > 0, kinds
 
 
 # ---------------------------------------------------------------------------

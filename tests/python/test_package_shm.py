@@ -290,6 +290,53 @@ def test_a_stream_dropped_unfinished_ends_in_the_daemon(start_daemon, datasets):
         assert st.shm_bytes == 0, st
 
 
+def proc_rss_kinds(pid):
+    """(VmRSS, RssAnon, RssFile, RssShmem) of `pid` in bytes, as the kernel
+    counts them in /proc/<pid>/status."""
+    kinds = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                kinds[key] = int(value.split()[0]) * 1024
+    return kinds["VmRSS"], kinds["RssAnon"], kinds["RssFile"], kinds["RssShmem"]
+
+
+def test_status_splits_the_daemons_memory_by_kind(start_daemon, datasets):
+    """status() gives the daemon's resident memory by kind, adding up to
+    memory_rss_bytes: its own (RssAnon), mapped files (RssFile), and
+    local clients' shared-memory regions mapped in it (RssShmem). While a
+    shared-memory stream's batches are held, the shmem part counts at least
+    the slots the daemon wrote for them (the kernel's count read here
+    agrees); when the region is freed, it is back to where it was."""
+    d = start_daemon(*ALONE)
+    r = datasets.main
+    with shardcast.Client(d.address) as client:
+        st = client.status()
+        assert (st.memory_rss_anon_bytes + st.memory_rss_file_bytes
+                + st.memory_rss_shmem_bytes) == st.memory_rss_bytes, st
+        assert st.memory_rss_anon_bytes > 0, st
+        base_shmem = st.memory_rss_shmem_bytes
+        held = []
+        with client.stream(r.id, layer=6, batch_size=160, epochs=0) as stream:
+            assert stream.shared_memory
+            for b in stream:
+                held.append(b)
+                if len(held) == 3:
+                    break
+            written = sum(b.rows * 64 * 4 for b in held)  # D 64, float32
+            st = client.status()
+            assert (st.memory_rss_anon_bytes + st.memory_rss_file_bytes
+                    + st.memory_rss_shmem_bytes) == st.memory_rss_bytes, st
+            assert st.memory_rss_shmem_bytes >= base_shmem + written, (written, st)
+            _, _, _, kernel_shmem = proc_rss_kinds(d.pid)
+            assert kernel_shmem >= base_shmem + written, (written, kernel_shmem)
+            del held
+        wait_for(lambda: client.status().shm_regions == 0, what="region freed")
+        st = client.status()
+        assert st.memory_rss_shmem_bytes <= base_shmem, (base_shmem, st)
+
+
 # ---------------------------------------------------------------------------
 # Absurd region requests.
 
