@@ -1,5 +1,8 @@
 #include "server/engine/index_set.h"
 
+#include <cstring>
+
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardcast {
@@ -30,11 +33,16 @@ void IndexSet::Clear(int64_t b) {
 }
 
 std::string IndexSet::ToBytes() const {
-  // Byte i is bits 8i..8i+7: byte i % 8 of word i / 8, little-endian.
+  // Byte i is bits 8i..8i+7: byte i % 8 of word i / 8, little-endian, so
+  // on a little-endian machine the words' first bytes are the bitmap.
   std::string out(static_cast<size_t>((n_ + 7) / 8), '\0');
+#if defined(ABSL_IS_LITTLE_ENDIAN)
+  if (!out.empty()) std::memcpy(out.data(), words_.data(), out.size());
+#else
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = static_cast<char>(words_[i / 8] >> (8 * (i % 8)));
   }
+#endif
   return out;
 }
 

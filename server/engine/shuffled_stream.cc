@@ -1,6 +1,8 @@
 #include "server/engine/shuffled_stream.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
@@ -158,22 +160,18 @@ std::string ShuffledStream::ResumeToken() const {
   // in the window (remaining = their entries in the pool) and those a
   // resume token gave that have not come back yet.
   IndexSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
-  std::map<int64_t, IndexSet> partial;
+  // Block -> its vectors still owed, in block order.
+  std::vector<std::pair<int64_t, const IndexSet*>> partial;
   for (const auto& [block, remaining] : partial_) {
-    if (left.Has(block)) partial.emplace(block, remaining);
+    if (left.Has(block)) partial.emplace_back(block, &remaining);
   }
-  // Once per batch over the whole pool: the set of each entry's block is
-  // looked up once per active slot, not once per entry.
-  std::vector<IndexSet*> of_slot(active_.size(), nullptr);
-  for (const Entry& e : pool_) {
-    IndexSet*& remaining = of_slot[e.slot];
-    if (remaining == nullptr) {
-      const Block& b = *active_[e.slot].block;
-      remaining = &partial.try_emplace(b.id, b.vectors).first->second;
-      left.Set(b.id);
-    }
-    remaining->Set(e.local);
+  for (const Active& a : active_) {
+    if (a.block == nullptr) continue;
+    partial.emplace_back(a.block->id, &a.left);
+    left.Set(a.block->id);
   }
+  std::sort(partial.begin(), partial.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
   TokenWriter t(kTokenMagic);
   t.Put<uint64_t>(fingerprint_);
   t.Put<int64_t>(epoch_);
@@ -183,8 +181,8 @@ std::string ShuffledStream::ResumeToken() const {
   t.Put<uint32_t>(static_cast<uint32_t>(partial.size()));
   for (const auto& [block, remaining] : partial) {
     t.Put<int64_t>(block);
-    t.Put<uint32_t>(static_cast<uint32_t>(remaining.size()));
-    t.Append(remaining.ToBytes());
+    t.Put<uint32_t>(static_cast<uint32_t>(remaining->size()));
+    t.Append(remaining->ToBytes());
   }
   return t.Take();
 }
@@ -203,6 +201,7 @@ void ShuffledStream::Activate(BlockRef block) {
   const uint32_t slot = free_slots_.back();
   Active& a = active_[slot];
   a.remaining = 0;
+  a.left = IndexSet(block->vectors);
   const IndexSet* partial = nullptr;
   auto it = partial_.find(block->id);
   if (it != partial_.end()) partial = &it->second;
@@ -224,6 +223,7 @@ void ShuffledStream::Activate(BlockRef block) {
       }
     }
     pool_.push_back({slot, static_cast<uint32_t>(local)});
+    a.left.Set(local);
     ++a.remaining;
   }
   if (partial != nullptr) partial_.erase(it);
@@ -261,6 +261,7 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
   pool_[pick] = pool_.back();
   pool_.pop_back();
   Active& a = active_[e.slot];
+  a.left.Clear(e.local);
   const Block& b = *a.block;
   const DatasetDesc& d = reader_->desc();
   const Selection& sel = layout_.sel;

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/engine/batch_source.h"
+#include "server/engine/index_set.h"
 #include "server/engine/scan.h"
 #include "server/engine/selection.h"
 
@@ -66,6 +67,10 @@ class ShuffledStream final : public BatchSource {
   struct Active {
     BlockRef block;
     int64_t remaining = 0;
+    /// The block's vectors not drawn yet (those of its pool entries): what a
+    /// resume token says of it, kept as vectors are drawn so that a token
+    /// costs a pass over the window's blocks, not over the pool.
+    IndexSet left;
   };
   struct Entry {
     uint32_t slot;   // index into active_

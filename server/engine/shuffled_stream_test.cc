@@ -719,6 +719,46 @@ TEST_F(ShuffledStreamTest,
   }
 }
 
+// A token from a stream that was itself resumed and still owes vectors of
+// blocks the first token named partly delivered: here the daemon came back
+// with a window of one block, so the second stream holds most of the first
+// one's partly drawn blocks back for later (they are not in its window yet)
+// when its own token is taken. The third stream delivers exactly the rest.
+TEST_F(ShuffledStreamTest, ATokenOfAResumedStreamDeliversExactlyTheRest) {
+  StreamSpec spec;
+  spec.batch_size = 9;
+  spec.epochs = 1;
+  const std::vector<Row> want =
+      Sorted(Expected(std::nullopt, TokenSelection::kContent));
+  for (auto [first_cut, second_cut] :
+       {std::pair{2, 1}, std::pair{5, 1}, std::pair{5, 2}, std::pair{12, 1}}) {
+    EngineConfig wide;
+    wide.window = 12;
+    StartEngine(wide);
+    auto first = Open(spec, 7);
+    Drained a = Drain(first.get(), 9, first_cut, 0);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    first.reset();
+    EngineConfig narrow;
+    narrow.window = 1;
+    StartEngine(narrow);
+    auto second = Open(spec, 7, a.token);
+    ASSERT_NE(second, nullptr);
+    Drained b = Drain(second.get(), 9, second_cut, 0);
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    second.reset();
+    auto third = Open(spec, 7, b.token);
+    ASSERT_NE(third, nullptr);
+    Drained c = Drain(third.get(), 9, -1, 0);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    std::vector<Row> rows = a.rows;
+    rows.insert(rows.end(), b.rows.begin(), b.rows.end());
+    rows.insert(rows.end(), c.rows.begin(), c.rows.end());
+    EXPECT_EQ(Sorted(rows), want)
+        << "cuts after " << first_cut << " then " << second_cut << " batches";
+  }
+}
+
 TEST_F(ShuffledStreamTest, ResumeWorksWhileAnotherClientSharesTheScan) {
   StreamSpec spec;
   spec.batch_size = 10;

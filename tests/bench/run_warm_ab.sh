@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Two shardcastd binaries on one warm gRPC stream, alternating: the stream's
 # rate and what the daemon's CPU costs per byte in steady state. Each run
-# starts the daemon, streams EPOCHS epochs of one layer (shuffled, 4096
-# vectors per batch, --no-shared-memory) from a dataset locked in the page
+# starts the daemon, streams EPOCHS epochs of one layer (shuffled, BATCH
+# vectors per batch, over TRANSPORT) from a dataset locked in the page
 # cache, and reads the daemon's CPU time (/proc/PID/stat) and the bytes it
 # delivered (status) over a window in the middle of the stream, so the
 # stream's start (the first window's maps) is not in the figure. On the 2-core VM the daemon and the trainer each
@@ -15,6 +15,8 @@
 #   BENCH_DIR  scratch directory (default /tmp/shardcast-bench/warm-ab); the
 #              dataset (1280 examples, layers 6,12, 2.6 GB) is made if missing
 #   ROUNDS     pairs of runs (default 3)
+#   BATCH      vectors per batch (default 4096: 16 MiB batches)
+#   TRANSPORT  grpc (default: batches in the messages) or shm (shared memory)
 #   EPOCHS     epochs of 1.34 GB per run (default 14, ~7 s on 2 cores)
 #   SKIP_S / WINDOW_S  the window: seconds skipped, then measured (2 / 4)
 #   PERF       1: perf record -g the daemon over the window
@@ -27,6 +29,13 @@ BUILD_DIR=${BUILD_DIR:-$REPO/build}
 BENCH_DIR=${BENCH_DIR:-/tmp/shardcast-bench/warm-ab}
 ROUNDS=${ROUNDS:-3}
 EPOCHS=${EPOCHS:-14}
+BATCH=${BATCH:-4096}
+TRANSPORT=${TRANSPORT:-grpc}
+case $TRANSPORT in
+  grpc) GLOBAL=(--no-shared-memory) ;;
+  shm) GLOBAL=() ;;
+  *) echo "run_warm_ab: TRANSPORT is grpc or shm, not $TRANSPORT" >&2; exit 1 ;;
+esac
 SKIP_S=${SKIP_S:-2}
 WINDOW_S=${WINDOW_S:-4}
 PY=/usr/bin/python3
@@ -60,7 +69,8 @@ delivered() {
 }
 HZ=$(getconf CLK_TCK)
 
-echo "== $(date -u +%FT%TZ), nproc $(nproc), a = ${BIN[a]}, b = ${BIN[b]}"
+echo "== $(date -u +%FT%TZ), nproc $(nproc), batches of $BATCH over $TRANSPORT," \
+     "a = ${BIN[a]}, b = ${BIN[b]}"
 results=$BENCH_DIR/results.txt
 : > "$results"
 for round in $(seq "$ROUNDS"); do
@@ -70,8 +80,8 @@ for round in $(seq "$ROUNDS"); do
     DAEMON=$!
     for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
     [[ -S $SOCK ]] || { cat "$BENCH_DIR/daemon-$v.log" >&2; die "${BIN[$v]} did not start"; }
-    "$SC" --no-shared-memory --server "unix:$SOCK" stream "$(basename "$DS")" --order shuffled \
-      --batch-size 4096 --layer 12 --tokens content --epochs "$EPOCHS" --json \
+    "$SC" "${GLOBAL[@]}" --server "unix:$SOCK" stream "$(basename "$DS")" --order shuffled \
+      --batch-size "$BATCH" --layer 12 --tokens content --epochs "$EPOCHS" --json \
       > "$BENCH_DIR/stream.json" 2> "$BENCH_DIR/stream.log" &
     STREAM=$!
     sleep "$SKIP_S"
@@ -83,6 +93,8 @@ for round in $(seq "$ROUNDS"); do
       sleep "$WINDOW_S"
     fi
     t1=$(ticks "$DAEMON"); b1=$(delivered); w1=$(date +%s.%N)
+    kill -0 "$STREAM" 2>/dev/null \
+      || die "the stream ended before the window did: raise EPOCHS (now $EPOCHS)"
     wait "$STREAM" || { cat "$BENCH_DIR/stream.log" >&2; die "the stream failed"; }
     STREAM=
     kill "$DAEMON"; wait "$DAEMON" 2>/dev/null || true
