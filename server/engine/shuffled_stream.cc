@@ -157,8 +157,8 @@ absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
 
 std::string ShuffledStream::ResumeToken() const {
   // Blocks never taken in this epoch, plus the partly delivered ones: those
-  // in the window (remaining = their entries in the pool) and those a
-  // resume token gave that have not come back yet.
+  // in the window (remaining = their vectors not drawn yet, Active::left)
+  // and those a resume token gave that have not come back yet.
   IndexSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
   // Block -> its vectors still owed, in block order.
   std::vector<std::pair<int64_t, const IndexSet*>> partial;
