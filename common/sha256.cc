@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +61,61 @@ std::string HmacSha256(absl::string_view key, absl::string_view data) {
            mac, &length) == nullptr) {
     std::abort();  // only on allocation failure
   }
+  return std::string(reinterpret_cast<const char*>(mac), length);
+}
+
+struct HmacSha256Key::States {
+  EVP_MD_CTX* inner = nullptr;  // has absorbed key ^ ipad
+  EVP_MD_CTX* outer = nullptr;  // has absorbed key ^ opad
+  ~States() {
+    EVP_MD_CTX_free(inner);
+    EVP_MD_CTX_free(outer);
+  }
+};
+
+HmacSha256Key::HmacSha256Key(absl::string_view key) {
+  constexpr size_t kBlock = 64;  // SHA-256's block size
+  unsigned char k[kBlock] = {};
+  if (key.size() > kBlock) {  // RFC 2104: a longer key is hashed first
+    unsigned int n = 0;
+    if (EVP_Digest(key.data(), key.size(), k, &n, EVP_sha256(), nullptr) != 1) {
+      std::abort();
+    }
+  } else {
+    std::memcpy(k, key.data(), key.size());
+  }
+  auto states = std::make_shared<States>();
+  for (auto [ctx, pad] :
+       {std::pair{&states->inner, 0x36}, std::pair{&states->outer, 0x5c}}) {
+    unsigned char padded[kBlock];
+    for (size_t i = 0; i < kBlock; ++i) {
+      padded[i] = static_cast<unsigned char>(k[i] ^ pad);
+    }
+    *ctx = EVP_MD_CTX_new();
+    // As in Sha256(): an allocation failure leaves nothing sensible to do.
+    if (*ctx == nullptr ||
+        EVP_DigestInit_ex(*ctx, EVP_sha256(), nullptr) != 1 ||
+        EVP_DigestUpdate(*ctx, padded, kBlock) != 1) {
+      std::abort();
+    }
+  }
+  states_ = std::move(states);
+}
+
+std::string HmacSha256Key::Mac(absl::string_view data) const {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  unsigned char inner[EVP_MAX_MD_SIZE];
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int inner_length = 0, length = 0;
+  if (ctx == nullptr || EVP_MD_CTX_copy_ex(ctx, states_->inner) != 1 ||
+      EVP_DigestUpdate(ctx, data.data(), data.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx, inner, &inner_length) != 1 ||
+      EVP_MD_CTX_copy_ex(ctx, states_->outer) != 1 ||
+      EVP_DigestUpdate(ctx, inner, inner_length) != 1 ||
+      EVP_DigestFinal_ex(ctx, mac, &length) != 1) {
+    std::abort();
+  }
+  EVP_MD_CTX_free(ctx);
   return std::string(reinterpret_cast<const char*>(mac), length);
 }
 

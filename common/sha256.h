@@ -37,6 +37,23 @@ std::string Sha256Hex(absl::string_view data);
 /// HMAC-SHA256 of `data` under `key`: 32 raw bytes (RFC 2104).
 std::string HmacSha256(absl::string_view key, absl::string_view data);
 
+/// HMAC-SHA256 under one key, for many messages: the padded key is hashed
+/// into RFC 2104's inner and outer states once, and each MAC continues
+/// copies of them. HmacSha256 (OpenSSL's HMAC()) looks the MAC and the
+/// digest up by name on every call, which cost the daemon 6 % of its CPU
+/// when it sealed a resume token for every 32-vector batch. Copyable (the
+/// states are shared); Mac is thread-safe (it only reads them).
+class HmacSha256Key {
+ public:
+  explicit HmacSha256Key(absl::string_view key);
+  /// The 32 raw bytes of HMAC-SHA256(key, data).
+  std::string Mac(absl::string_view data) const;
+
+ private:
+  struct States;
+  std::shared_ptr<const States> states_;
+};
+
 /// Lowercase hex SHA-256 of a file's contents, read sequentially in 8 MiB
 /// chunks. `on_bytes` (may be empty) is called with each chunk's size, for
 /// progress. Errors from open/read, naming the path.

@@ -42,14 +42,14 @@ std::string TokenSealer::RandomKey() {
 
 std::string TokenSealer::Seal(absl::string_view token) const {
   std::string out(token);
-  out.append(HmacSha256(key_, token).substr(0, kMacBytes));
+  out.append(key_.Mac(token).substr(0, kMacBytes));
   return out;
 }
 
 absl::StatusOr<std::string> TokenSealer::Open(absl::string_view sealed) const {
   if (sealed.size() > kMacBytes) {
     const absl::string_view body = sealed.substr(0, sealed.size() - kMacBytes);
-    const std::string mac = HmacSha256(key_, body);
+    const std::string mac = key_.Mac(body);
     unsigned char diff = 0;  // constant time: no early exit on a mismatch
     for (size_t i = 0; i < kMacBytes; ++i) {
       diff |= static_cast<unsigned char>(mac[i] ^ sealed[body.size() + i]);

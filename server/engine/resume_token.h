@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/sha256.h"
 #include "server/engine/selection.h"
 
 namespace shardcast {
@@ -72,7 +73,7 @@ class TokenSealer {
   static constexpr size_t kMinKeyBytes = 16;
 
   /// `key`: at least kMinKeyBytes of secret.
-  explicit TokenSealer(std::string key) : key_(std::move(key)) {}
+  explicit TokenSealer(absl::string_view key) : key_(key) {}
   /// 32 bytes from getrandom(2): tokens then last as long as the process.
   static std::string RandomKey();
 
@@ -82,7 +83,7 @@ class TokenSealer {
   absl::StatusOr<std::string> Open(absl::string_view sealed) const;
 
  private:
-  std::string key_;
+  HmacSha256Key key_;
 };
 
 /// INVALID_ARGUMENT "resume_token is malformed: <why>".
