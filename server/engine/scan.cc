@@ -42,7 +42,25 @@ Block::~Block() {
   if (reservoir != nullptr && slot >= 0) reservoir->Release(slot);
 }
 
-absl::Status Block::CheckMapped() const {
+namespace {
+
+// `file`'s size now: from `sizes` when this pass has read it, else from the
+// file (and kept in `sizes`).
+absl::StatusOr<uint64_t> SizeOf(const MappedFile* file,
+                                Block::FileSizes* sizes) {
+  if (sizes != nullptr) {
+    for (const auto& [known, size] : *sizes) {
+      if (known == file) return size;
+    }
+  }
+  ASSIGN_OR_RETURN(const uint64_t size, file->CurrentSize());
+  if (sizes != nullptr) sizes->emplace_back(file, size);
+  return size;
+}
+
+}  // namespace
+
+absl::Status Block::CheckMapped(FileSizes* sizes) const {
   if (pieces.empty()) return absl::OkStatus();
   // A repaired fault leaves a page of zeros in the map for good: every
   // block of that file is damaged from then on, not only those read before.
@@ -59,7 +77,7 @@ absl::Status Block::CheckMapped() const {
     for (; i < pieces.size() && pieces[i].file == file; ++i) {
       end = std::max(end, pieces[i].offset + pieces[i].length);
     }
-    ASSIGN_OR_RETURN(uint64_t size, file->CurrentSize());
+    ASSIGN_OR_RETURN(const uint64_t size, SizeOf(file, sizes));
     if (size < end) {
       return absl::DataLossError(
           absl::StrCat(file->path(), " shrank to ", size,

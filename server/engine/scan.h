@@ -58,6 +58,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -149,8 +150,11 @@ struct Block {
   /// OK when every byte a copy from the pieces read is still in its file:
   /// no fault ever repaired in their maps, and no file now ends before a
   /// piece does (a file that shrank within a page reads zeros silently).
-  /// DATA_LOSS naming the file otherwise.
-  absl::Status CheckMapped() const;
+  /// DATA_LOSS naming the file otherwise. `sizes` (optional) keeps the file
+  /// sizes read for a pass over several blocks (one batch's), so that each
+  /// file is asked once per pass, not once per block.
+  using FileSizes = std::vector<std::pair<const MappedFile*, uint64_t>>;
+  absl::Status CheckMapped(FileSizes* sizes = nullptr) const;
   /// labels.bin value of content token `content` of `example` (an example
   /// the block's vectors belong to; needs labels).
   uint8_t Label(int64_t example, int64_t content,

@@ -332,8 +332,9 @@ absl::Status ShuffledStream::Copy() {
   // was made (truncated under us: MappedFile) copied zeros for it: the
   // batch must not go out.
   absl::Status damaged;
-  auto check = [&damaged](const BlockRef& b) {
-    if (damaged.ok() && b != nullptr) damaged = b->CheckMapped();
+  Block::FileSizes sizes;  // each file's size read once for this batch
+  auto check = [&damaged, &sizes](const BlockRef& b) {
+    if (damaged.ok() && b != nullptr) damaged = b->CheckMapped(&sizes);
   };
   if (copied) {
     for (const BlockRef& b : retired_) check(b);
