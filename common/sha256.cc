@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -51,17 +50,6 @@ std::string Sha256::HexDigest() {
     out.push_back(kHex[digest[i] & 0xF]);
   }
   return out;
-}
-
-std::string HmacSha256(absl::string_view key, absl::string_view data) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(data.data()), data.size(),
-           mac, &length) == nullptr) {
-    std::abort();  // only on allocation failure
-  }
-  return std::string(reinterpret_cast<const char*>(mac), length);
 }
 
 struct HmacSha256Key::States {

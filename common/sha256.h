@@ -34,14 +34,11 @@ class Sha256 {
 /// Lowercase hex SHA-256 of `data`.
 std::string Sha256Hex(absl::string_view data);
 
-/// HMAC-SHA256 of `data` under `key`: 32 raw bytes (RFC 2104).
-std::string HmacSha256(absl::string_view key, absl::string_view data);
-
-/// HMAC-SHA256 under one key, for many messages: the padded key is hashed
-/// into RFC 2104's inner and outer states once, and each MAC continues
-/// copies of them. HmacSha256 (OpenSSL's HMAC()) looks the MAC and the
-/// digest up by name on every call, which cost the daemon 6 % of its CPU
-/// when it sealed a resume token for every 32-vector batch. Copyable (the
+/// HMAC-SHA256 (RFC 2104) under one key: the padded key is hashed into the
+/// inner and outer states once, and each MAC continues copies of them.
+/// OpenSSL's one-shot HMAC() looks the MAC and the digest up by name on
+/// every call, which cost the daemon 6 % of its CPU when it sealed a resume
+/// token for every 32-vector batch. Copyable (the
 /// states are shared); Mac is thread-safe (it only reads them).
 class HmacSha256Key {
  public:

@@ -7,20 +7,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {
 namespace {
-
-std::string Hex(const std::string& raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 0xF]);
-  }
-  return out;
-}
 
 struct Vector {
   std::string key, data, mac;
@@ -45,20 +36,14 @@ const std::vector<Vector>& Vectors() {
   return *v;
 }
 
-TEST(HmacSha256, MatchesTheReferenceVectors) {
-  for (const Vector& v : Vectors()) {
-    EXPECT_EQ(Hex(HmacSha256(v.key, v.data)), v.mac) << v.data;
-  }
-}
-
 TEST(HmacSha256Key, MatchesTheReferenceVectorsMessageAfterMessage) {
   for (const Vector& v : Vectors()) {
     const HmacSha256Key key(v.key);
     for (int i = 0; i < 3; ++i) {  // the states are not used up
-      EXPECT_EQ(Hex(key.Mac(v.data)), v.mac) << v.data;
+      EXPECT_EQ(absl::BytesToHexString(key.Mac(v.data)), v.mac) << v.data;
     }
     const HmacSha256Key copy = key;
-    EXPECT_EQ(Hex(copy.Mac(v.data)), v.mac);
+    EXPECT_EQ(absl::BytesToHexString(copy.Mac(v.data)), v.mac);
   }
 }
 
@@ -69,7 +54,8 @@ TEST(HmacSha256Key, ThreadsShareOneKey) {
   std::vector<int> wrong(4, 0);
   for (size_t t = 0; t < wrong.size(); ++t) {
     threads.emplace_back([&key, &v, &wrong, t] {
-      for (int i = 0; i < 500; ++i) wrong[t] += Hex(key.Mac(v.data)) != v.mac;
+      for (int i = 0; i < 500; ++i)
+        wrong[t] += absl::BytesToHexString(key.Mac(v.data)) != v.mac;
     });
   }
   for (std::thread& t : threads) t.join();
