@@ -157,7 +157,7 @@ absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
 
 std::string ShuffledStream::ResumeToken() const {
   // Blocks never taken in this epoch, plus the partly delivered ones: those
-  // in the window (remaining = their vectors not drawn yet, Active::left)
+  // in the window (their vectors not drawn yet, Active::left)
   // and those a resume token gave that have not come back yet.
   IndexSet left = sub_->scan()->Untaken(sub_->id(), epoch_);
   // Block -> its vectors still owed, in block order.
@@ -200,7 +200,6 @@ void ShuffledStream::StartEpoch(int64_t epoch, int64_t batch_index) {
 void ShuffledStream::Activate(BlockRef block) {
   const uint32_t slot = free_slots_.back();
   Active& a = active_[slot];
-  a.remaining = 0;
   a.left = IndexSet(block->vectors);
   const IndexSet* partial = nullptr;
   auto it = partial_.find(block->id);
@@ -224,10 +223,9 @@ void ShuffledStream::Activate(BlockRef block) {
     }
     pool_.push_back({slot, static_cast<uint32_t>(local)});
     a.left.Set(local);
-    ++a.remaining;
   }
   if (partial != nullptr) partial_.erase(it);
-  if (a.remaining > 0) {
+  if (a.left.count() > 0) {
     a.block = std::move(block);
     free_slots_.pop_back();
     ++active_count_;
@@ -283,7 +281,7 @@ void ShuffledStream::DrawInto(VectorDest dest, StreamBatch* out, int64_t i) {
               content < 0 || out->labels.empty()
                   ? 255
                   : b.Label(example, content, d.content_tokens));
-  if (--a.remaining == 0) {
+  if (a.left.count() == 0) {
     // The scan may reuse its slot once nobody holds it: after the copies.
     retired_.push_back(std::move(a.block));
     free_slots_.push_back(e.slot);

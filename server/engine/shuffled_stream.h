@@ -66,10 +66,10 @@ class ShuffledStream final : public BatchSource {
  private:
   struct Active {
     BlockRef block;
-    int64_t remaining = 0;
-    /// The block's vectors not drawn yet (those of its pool entries): what a
-    /// resume token says of it, kept as vectors are drawn so that a token
-    /// costs a pass over the window's blocks, not over the pool.
+    /// The block's vectors not drawn yet (those of its pool entries; the
+    /// block leaves the window when none is left): what a resume token says
+    /// of it, kept as vectors are drawn so that a token costs a pass over the
+    /// window's blocks, not over the pool.
     IndexSet left;
   };
   struct Entry {
