@@ -36,6 +36,7 @@
 #include "client/client.h"
 #include "common/cpu_time.h"
 #include "common/file.h"
+#include "common/proc_fields.h"
 #include "common/pyjson.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -166,39 +167,11 @@ bool ExitedOk(int wait_status) {
 
 // ------------------------------------------------------------ /proc
 
-/// Reads a /proc file (its stat size is 0, so read until EOF).
-absl::StatusOr<std::string> ReadProcFile(const std::string& path) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  std::string text;
-  char buf[4096];
-  while (true) {
-    const ssize_t got = ::read(fd.get(), buf, sizeof(buf));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    if (got == 0) break;
-    text.append(buf, static_cast<size_t>(got));
-  }
-  return text;
-}
-
-/// The value of `key` in a /proc file of "key: value" lines (the first
-/// number of the value).
+/// The value of `key` in a /proc file of "key: value" lines.
 absl::StatusOr<uint64_t> ProcField(const std::string& path,
                                    absl::string_view key) {
-  ASSIGN_OR_RETURN(std::string text, ReadProcFile(path));
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::ConsumePrefix(&line, key) || !absl::ConsumePrefix(&line, ":")) {
-      continue;
-    }
-    line = absl::StripAsciiWhitespace(line);
-    std::vector<absl::string_view> parts =
-        absl::StrSplit(line, ' ', absl::SkipEmpty());
-    uint64_t v;
-    if (!parts.empty() && absl::SimpleAtoi(parts[0], &v)) {
-      return parts.size() > 1 && parts[1] == "kB" ? v * 1024 : v;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(path, " has no ", key, " line"));
+  ASSIGN_OR_RETURN(ProcFields fields, ProcFields::Read(path));
+  return fields.Require(key);
 }
 
 /// The CPU time a process has used so far (user + system: fields 14 and 15
@@ -677,8 +650,9 @@ int RunBench(const Args& args) {
   std::optional<double> daemon_cpu;
   if (io_before.has_value()) {
     auto io_after = ProcField(proc + "/io", "read_bytes");
-    auto h = ProcField(proc + "/status", "VmHWM");
-    auto r = ProcField(proc + "/status", "VmRSS");
+    auto status = ProcFields::Read(proc + "/status");
+    auto h = status.ok() ? status->Require("VmHWM") : status.status();
+    auto r = status.ok() ? status->Require("VmRSS") : status.status();
     auto c = ProcCpuSeconds(proc);
     for (const absl::Status& s :
          {io_after.status(), h.status(), r.status(), c.status()}) {

@@ -31,6 +31,7 @@
 #include "common/cli_args.h"
 #include "common/dataset.h"
 #include "common/file.h"
+#include "common/proc_fields.h"
 #include "common/pyjson.h"
 #include "common/status.h"
 
@@ -412,18 +413,6 @@ Check CheckRead(const Subject& s, bool direct) {
 
 // ---- memory -----------------------------------------------------------
 
-// A /proc/meminfo field in bytes ("MemAvailable:  123 kB").
-std::optional<uint64_t> MeminfoBytes(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == field + ":") return kb * 1024;
-  }
-  return std::nullopt;
-}
-
 // The memory limit of this process's cgroup (v2), when one is set.
 std::optional<uint64_t> CgroupLimit() {
   std::ifstream self("/proc/self/cgroup");
@@ -445,8 +434,11 @@ Check CheckMemory(const Subject& s) {
                                                     : kDefaultReservoirBytes;
   // The daemon's bound (DESIGN.md: reservoir + 10 % + 64 MiB).
   const uint64_t needed = reservoir + reservoir / 10 + 64 * kMiB;
-  const std::optional<uint64_t> total = MeminfoBytes("MemTotal");
-  const std::optional<uint64_t> available = MeminfoBytes("MemAvailable");
+  const absl::StatusOr<ProcFields> meminfo = ProcFields::Read("/proc/meminfo");
+  const std::optional<uint64_t> total =
+      meminfo.ok() ? meminfo->Get("MemTotal") : std::nullopt;
+  const std::optional<uint64_t> available =
+      meminfo.ok() ? meminfo->Get("MemAvailable") : std::nullopt;
   if (!total.has_value() || !available.has_value()) {
     c.verdict = Verdict::kWarn;
     c.detail = "cannot read /proc/meminfo";

@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <map>
 #include <type_traits>
 #include <utility>
@@ -13,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cpu_time.h"
 #include "common/file.h"
+#include "common/proc_fields.h"
 #include "common/version.h"
 
 namespace shardcast {
@@ -257,35 +256,17 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
 }
 
 ResidentMemory ReadResidentMemory() {
-  ResidentMemory m;
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return m;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long kib = 0;
-    char key[32];
-    if (std::sscanf(line, "%31[^:]: %llu kB", key, &kib) != 2) continue;
-    const uint64_t bytes = static_cast<uint64_t>(kib) * 1024;
-    if (std::strcmp(key, "VmRSS") == 0) m.total = bytes;
-    if (std::strcmp(key, "RssAnon") == 0) m.anon = bytes;
-    if (std::strcmp(key, "RssFile") == 0) m.file = bytes;
-    if (std::strcmp(key, "RssShmem") == 0) m.shmem = bytes;
-  }
-  std::fclose(f);
-  return m;
+  const absl::StatusOr<ProcFields> f = ProcFields::Read("/proc/self/status");
+  if (!f.ok()) return {};
+  return {.total = f->Get("VmRSS").value_or(0),
+          .anon = f->Get("RssAnon").value_or(0),
+          .file = f->Get("RssFile").value_or(0),
+          .shmem = f->Get("RssShmem").value_or(0)};
 }
 
 uint64_t DeviceReadBytes() {
-  FILE* f = std::fopen("/proc/self/io", "r");
-  if (f == nullptr) return 0;
-  char key[64];
-  unsigned long long value = 0;
-  uint64_t read_bytes = 0;
-  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
-    if (std::strcmp(key, "read_bytes") == 0) read_bytes = value;
-  }
-  std::fclose(f);
-  return read_bytes;
+  const absl::StatusOr<ProcFields> f = ProcFields::Read("/proc/self/io");
+  return f.ok() ? f->Get("read_bytes").value_or(0) : 0;
 }
 
 }  // namespace shardcast
