@@ -176,8 +176,8 @@ const std::vector<DaemonOption>& Table() {
        "touch the whole reservoir at start (no first-touch cost later)",
        OptionKind::kSwitch, &O::prefault},
       {"scan-start-delay-ms", "scan_start_delay_ms", "MS",
-       "a new shared scan waits this long for more clients before its first "
-       "read, so trainers launched together share the whole pass",
+       "a new shared scan hands out no block for this long (it reads "
+       "meanwhile), so trainers launched together share the whole pass",
        OptionKind::kInteger, &O::scan_start_delay_ms, 0, 60000},
   };
   return *table;

@@ -251,6 +251,14 @@ void SharedScan::Wake(Subscriber& s) {
   }
 }
 
+bool SharedScan::DeliveringLocked() {
+  if (delivering_) return true;
+  if (Clock::now() < start_at_) return false;
+  delivering_ = true;
+  for (auto& [id, s] : subs_) Wake(s);
+  return true;
+}
+
 uint64_t SharedScan::Subscribe(SubscriberSpec spec) {
   uint64_t id;
   {
@@ -337,7 +345,7 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
           "stream moved past an epoch with blocks queued");
     }
     if (!s.queue.empty() && s.queue.front().epoch == epoch &&
-        s.queue.front().data != nullptr) {
+        s.queue.front().data != nullptr && DeliveringLocked()) {
       t.kind = Take::kBlock;  // the queue has room again: wake the engine
       t.block = std::move(s.queue.front().data);
       ReleaseOver(s, s.queue.front());  // only with lag_blocks 0
@@ -348,8 +356,10 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
       t.kind = Take::kDelivered;
       return t;
     } else {
-      // Being read, or not read yet. Waiting may make this subscriber
-      // starving, which the engine must know to skip a laggard.
+      // Being read, not read yet, or read within the start delay (the
+      // engine's call at ReadyAt() ends the delay and wakes it). Waiting
+      // for a block not read may make this subscriber starving, which the
+      // engine must know to skip a laggard.
       s.waker = std::move(waker);
     }
   }
@@ -416,8 +426,10 @@ std::unique_ptr<BlockRead> SharedScan::NextRead() {
 }
 
 std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
-  if (Clock::now() < start_at_) return nullptr;  // the engine retries then
   MutexLock lock(&mu_);
+  // Reads go on within the start delay; the engine calls again at ReadyAt()
+  // when it has nothing to read, so the delay's end wakes the subscribers.
+  DeliveringLocked();
   if (subs_.empty()) return nullptr;
   const size_t lag = static_cast<size_t>(options_.lag_blocks);
   // Bounded: a starving subscriber needs some block, which it can take, so

@@ -34,8 +34,11 @@
 // second read, and a slow client holds back the others by at most that.
 //
 // Clients launched together (trainers of one job, ranks of one node) reach
-// the daemon some milliseconds apart; a new scan waits `start_delay` before
-// its first read so that they all join it before any block is consumed.
+// the daemon some milliseconds apart; a new scan hands out no block for
+// `start_delay`, so that they all join it before any block is consumed. It
+// reads from the start: a client joining meanwhile is queued every block
+// read so far (ClaimResident), and the disk does not idle while the scan
+// waits.
 //
 // Determinism. A client alone on a scan gets blocks in the order of the
 // permutation of (its seed, its epoch) (the scan takes the first client's
@@ -286,7 +289,8 @@ class SharedScan final : public BlockSource,
 
   ScanStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // BlockSource (read engine thread).
+  // BlockSource (read engine thread). The engine asks for reads again at
+  // ReadyAt() when it has none: that call ends the start delay.
   Clock::time_point ReadyAt() const override { return start_at_; }
   std::unique_ptr<BlockRead> NextRead() override ABSL_LOCKS_EXCLUDED(mu_);
   void ReadDone(std::unique_ptr<BlockRead> read, absl::Status status) override
@@ -345,6 +349,9 @@ class SharedScan final : public BlockSource,
   /// Queues for `s` the resident blocks it needs, in issue order.
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);
+  /// Whether blocks may be handed out (the start delay is over). The call
+  /// that finds the delay over wakes the subscribers waiting for it.
+  bool DeliveringLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::unique_ptr<BlockRead>> MakeRead(
       int64_t block, int32_t slot, std::shared_ptr<Block>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -365,11 +372,12 @@ class SharedScan final : public BlockSource,
   /// reservoir overflow unit while > 0).
   std::unordered_map<uint64_t, int32_t> over_holders_ ABSL_GUARDED_BY(mu_);
   const std::string labels_path_;
-  const Clock::time_point start_at_;  // no reads before (gathering clients)
+  const Clock::time_point start_at_;  // no block handed out before
 
   mutable Mutex mu_;
   std::map<uint64_t, Subscriber> subs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;  // start_at_ has passed
   std::vector<int32_t> need_count_ ABSL_GUARDED_BY(mu_);  // per block
   int64_t total_need_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> order_ ABSL_GUARDED_BY(mu_);  // this cycle's permutation

@@ -420,15 +420,30 @@ TEST_F(ShuffledStreamTest, ClientsJoiningWithinTheStartDelayShareEveryRead) {
   StartEngine(c);
   StreamSpec spec;
   spec.batch_size = 10;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point opened = Clock::now();
   auto first = Open(spec, 1);
   Drained a, b;
-  std::thread ta([&] { a = Drain(first.get(), 10, -1, 0); });
+  std::atomic<int64_t> first_batch_ms{-1};
+  std::thread ta([&] {
+    a = Drain(first.get(), 10, -1, 0, [&](int batch) {
+      if (batch == 0) {
+        first_batch_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             Clock::now() - opened)
+                             .count();
+      }
+    });
+  });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(engine_->blocks_read(), 0u) << "read before the start delay";
+  // The scan reads within the delay (the disk does not wait) but hands
+  // nothing out: the first client is still waiting for its first batch.
+  EXPECT_GT(engine_->blocks_read(), 0u) << "no read within the start delay";
+  EXPECT_EQ(first_batch_ms.load(), -1) << "a batch within the start delay";
   auto second = Open(spec, 2);  // joins 100 ms later, within the delay
   std::thread tb([&] { b = Drain(second.get(), 10, -1, 0); });
   ta.join();
   tb.join();
+  EXPECT_GE(first_batch_ms.load(), 300) << "a batch before the delay ended";
   ASSERT_TRUE(a.status.ok()) << a.status;
   ASSERT_TRUE(b.status.ok()) << b.status;
   const std::vector<Row> want =

@@ -260,7 +260,7 @@ def parse_exposition(text):
 
 # Series that exist only while a stream, scan or local connection does: the
 # scrape waits until they appear (a stream's first batch comes after the
-# scan's first read).
+# scan's start delay).
 PER_STREAM = ("shardcast_client_sent_bytes_total", "shardcast_client_batches_total",
               "shardcast_stream_lag_blocks", "shardcast_scan_subscribers",
               "shardcast_scan_read_bytes_total", "shardcast_local_client_connections")

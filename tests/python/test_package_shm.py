@@ -68,7 +68,7 @@ def test_two_spawned_trainers_share_one_disk_pass(start_daemon, datasets):
     numpy's values, and the daemon reads the selection from disk once: its
     own counter of bytes read is <= 1.05 x the selected bytes (labels.bin is
     read with the blocks too, 16 bytes per example touched)."""
-    # The scan waits 2.5 s for the second trainer before its first read.
+    # The scan hands out nothing for 2.5 s, so the second trainer joins in time.
     d = start_daemon("--scan-start-delay-ms", "2500")
     r = datasets.main
     layer = 6
