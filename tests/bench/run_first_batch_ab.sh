@@ -21,31 +21,15 @@ BENCH_DIR=${BENCH_DIR:-/tmp/shardcast-bench/first-batch}
 ROUNDS=${ROUNDS:-5}
 PASSES=${PASSES:-2}
 die() { echo "run_first_batch_ab: $*" >&2; exit 1; }
-[[ $# == 2 ]] || die "usage: run_first_batch_ab.sh OLD_SHARDCASTD NEW_SHARDCASTD"
-for b in "$1" "$2"; do [[ -x $b ]] || die "$b: not an executable"; done
-SC=$BUILD_DIR/shardcast
-[[ -x $SC ]] || die "$SC missing: cmake --build build -j2"
-command -v vmtouch >/dev/null || die "needs vmtouch: bash deploy/install-deps.sh"
-case $BENCH_DIR in "$REPO"|"$REPO"/*) die "BENCH_DIR must be outside the repo" ;; esac
-
-ROOT=$BENCH_DIR/root
-mkdir -p "$ROOT"
-if ! ls "$ROOT"/*/acts000000.bin >/dev/null 2>&1; then
-  echo "== writing the dataset (2.6 GB)"
-  "$SC" synth "$ROOT" --layers 3,6,9,12 --tokens 256 --cls --d-model 1024 \
-    --examples 640 --budget $((257 * 4 * 128)) --json > /dev/null
-fi
-DS=$(ls -d "$ROOT"/*/ | head -1); DS=${DS%/}
-SOCK=$BENCH_DIR/d.sock
+# shellcheck source=tests/bench/ab_common.sh
+source "$REPO/tests/bench/ab_common.sh"
+ab_init run_first_batch_ab.sh "$@"
+ab_dataset 3,6,9,12 640  # 2.6 GB
 DAEMON=
 trap '[[ -n $DAEMON ]] && kill $DAEMON 2>/dev/null || true' EXIT
 
 run() {  # BINARY: prints ROUNDS times in ms
-  rm -f "$SOCK"
-  "$1" --root "$ROOT" --listen "unix:$SOCK" 2> "$BENCH_DIR/daemon.log" &
-  DAEMON=$!
-  for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
-  [[ -S $SOCK ]] || { cat "$BENCH_DIR/daemon.log" >&2; die "$1 did not start"; }
+  ab_start_daemon "$1" "$BENCH_DIR/daemon.log"
   local times=()
   for i in $(seq "$ROUNDS"); do
     vmtouch -qe "$DS"/*.bin
@@ -59,13 +43,14 @@ run() {  # BINARY: prints ROUNDS times in ms
   echo "${times[*]}"
 }
 
-echo "== $(date -u +%FT%TZ), nproc $(nproc), a = $1, b = $2"
+echo "== $(date -u +%FT%TZ), nproc $(nproc), a = ${BIN[a]}, b = ${BIN[b]}"
 declare -A all=([a]="" [b]="")
 for p in $(seq "$PASSES"); do
   order="a b"; (( p % 2 == 0 )) && order="b a"
   for v in $order; do
-    bin=$1; [[ $v == b ]] && bin=$2
-    t=$(run "$bin")
+    # Not in a $(...) subshell: the EXIT trap must see DAEMON.
+    run "${BIN[$v]}" > "$BENCH_DIR/times.txt"
+    t=$(cat "$BENCH_DIR/times.txt")
     echo "$v pass $p: $t ms"
     all[$v]+=" $t"
   done

@@ -41,24 +41,11 @@ WINDOW_S=${WINDOW_S:-4}
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3)
 die() { echo "run_warm_ab: $*" >&2; exit 1; }
-[[ $# == 2 ]] || die "usage: run_warm_ab.sh OLD_SHARDCASTD NEW_SHARDCASTD"
-declare -A BIN=([a]=$1 [b]=$2)
-for v in a b; do [[ -x ${BIN[$v]} ]] || die "${BIN[$v]}: not an executable"; done
-SC=$BUILD_DIR/shardcast
-[[ -x $SC ]] || die "$SC missing: cmake --build build -j2"
-command -v vmtouch >/dev/null || die "needs vmtouch: bash deploy/install-deps.sh"
-case $BENCH_DIR in "$REPO"|"$REPO"/*) die "BENCH_DIR must be outside the repo" ;; esac
-
-ROOT=$BENCH_DIR/root
-mkdir -p "$ROOT"
-if ! ls "$ROOT"/*/acts000000.bin >/dev/null 2>&1; then
-  echo "== writing the dataset (2.6 GB)"
-  "$SC" synth "$ROOT" --layers 6,12 --tokens 256 --cls --d-model 1024 --examples 1280 \
-    --budget $((257 * 2 * 128)) --json > /dev/null
-fi
-DS=$(ls -d "$ROOT"/*/ | head -1); DS=${DS%/}
-SOCK=$BENCH_DIR/d.sock
-DAEMON= LOCK= STREAM=
+# shellcheck source=tests/bench/ab_common.sh
+source "$REPO/tests/bench/ab_common.sh"
+ab_init run_warm_ab.sh "$@"
+ab_dataset 6,12 1280  # 2.6 GB
+DAEMON='' LOCK='' STREAM=''
 trap 'kill $DAEMON $STREAM $LOCK 2>/dev/null || true' EXIT
 rm -f "$BENCH_DIR/vmtouch.pid"
 vmtouch -tqdlw -P "$BENCH_DIR/vmtouch.pid" "$DS"/acts*.bin
@@ -75,11 +62,7 @@ results=$BENCH_DIR/results.txt
 : > "$results"
 for round in $(seq "$ROUNDS"); do
   for v in a b; do
-    rm -f "$SOCK"
-    "${BIN[$v]}" --root "$ROOT" --listen "unix:$SOCK" 2> "$BENCH_DIR/daemon-$v.log" &
-    DAEMON=$!
-    for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
-    [[ -S $SOCK ]] || { cat "$BENCH_DIR/daemon-$v.log" >&2; die "${BIN[$v]} did not start"; }
+    ab_start_daemon "${BIN[$v]}" "$BENCH_DIR/daemon-$v.log"
     "$SC" "${GLOBAL[@]}" --server "unix:$SOCK" stream "$(basename "$DS")" --order shuffled \
       --batch-size "$BATCH" --layer 12 --tokens content --epochs "$EPOCHS" --json \
       > "$BENCH_DIR/stream.json" 2> "$BENCH_DIR/stream.log" &
