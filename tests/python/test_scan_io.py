@@ -75,6 +75,17 @@ def stream_epoch(daemon, ref, layer, endless=False, batch_size=512):
     return rows, io
 
 
+def wait_for_scans_to_end(daemon, ref):
+    """Until the daemon has no scan of `ref` left: a closed stream's scan may
+    still have reads in flight, which would put pages back into the cache
+    after an eviction."""
+    with shardcast.Client(daemon.address) as client:
+        deadline = time.monotonic() + 10
+        while any(s.dataset == ref.path.name for s in client.status().scans):
+            assert time.monotonic() < deadline, "the earlier scan did not end"
+            time.sleep(0.05)
+
+
 def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
     # 16 examples x 2 layers x 256 tokens x 4 KiB vectors: 32 MiB, 1 layer of
     # content tokens selected (16 x 255 x 4 KiB).
@@ -96,11 +107,7 @@ def test_cold_aligned_layer_is_read_once_with_o_direct(start_daemon, tmp_path):
     # O_DIRECT left nothing in the page cache, so the next scan of the same
     # data is cold too: the cache probe of the first one (whose misses read
     # their pages) must not make it look cached.
-    with shardcast.Client(d.address) as client:
-        deadline = time.monotonic() + 10
-        while any(s.dataset == ref.path.name for s in client.status().scans):
-            assert time.monotonic() < deadline, "the first scan did not end"
-            time.sleep(0.05)
+    wait_for_scans_to_end(d, ref)
     before = proc_read_bytes(d.pid)
     rows, io = stream_epoch(d, ref, 12, batch_size=128)
     read = proc_read_bytes(d.pid) - before
@@ -132,6 +139,7 @@ def test_cold_unaligned_vectors_are_read_buffered(start_daemon, tmp_path):
     rows, io = stream_epoch(d, ref, 12, endless=True)
     assert_exact_epoch(rows, ref.selection(12), "one layer")
     assert io == "buffered-random", io
+    wait_for_scans_to_end(d, ref)  # its reads in flight would refill the cache
     evict(Path(path).glob("acts*.bin"))
     rows, io = stream_epoch(d, ref, None, endless=True)
     assert_exact_epoch(rows, ref.selection(None), "all layers")
