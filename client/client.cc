@@ -150,6 +150,7 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
   out.reservoir_bytes = s.reservoir_bytes();
   out.reservoir_bytes_in_use = s.reservoir_bytes_in_use();
   out.reservoir_bytes_reserved = s.reservoir_bytes_reserved();
+  out.reservoir_bytes_touched = s.reservoir_bytes_touched();
   out.blocks_read = s.blocks_read();
   out.bytes_delivered = s.bytes_delivered();
   for (const v1::ScanStatus& scan : s.scans()) {

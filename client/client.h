@@ -169,6 +169,7 @@ struct DaemonStatus {
   uint64_t reservoir_bytes = 0;           // --reservoir-bytes (whole blocks)
   uint64_t reservoir_bytes_in_use = 0;    // blocks held by scans and clients
   uint64_t reservoir_bytes_reserved = 0;  // reserved by shuffled streams
+  uint64_t reservoir_bytes_touched = 0;   // pages in memory (--prefault)
   uint64_t blocks_read = 0;               // by the shared scans
   uint64_t bytes_delivered = 0;           // vector bytes in stream batches
   std::vector<Scan> scans;                // active shared scans

@@ -172,9 +172,13 @@ const std::vector<DaemonOption>& Table() {
        "register the reservoir with io_uring as fixed buffers (pins and "
        "touches all of it at start; needs RLIMIT_MEMLOCK)",
        OptionKind::kSwitch, &O::register_buffers},
-      {"prefault", "prefault", nullptr,
-       "touch the whole reservoir at start (no first-touch cost later)",
-       OptionKind::kSwitch, &O::prefault},
+      {"prefault", "prefault", "WHEN",
+       "when the reservoir's memory is first touched (the kernel zeroes "
+       "fresh pages, slow on VMs): background (by a lowest-priority thread "
+       "while no stream runs, so the first cold epoch does not pay it; the "
+       "daemon's memory grows to the reservoir's size meanwhile), "
+       "start (all of it before serving), off (each slot when first used)",
+       OptionKind::kPrefault, &O::prefault},
       {"scan-start-delay-ms", "scan_start_delay_ms", "MS",
        "a new shared scan hands out no block for this long (it reads "
        "meanwhile), so trainers launched together share the whole pass",
@@ -220,6 +224,8 @@ std::string Expected(const DaemonOption& o) {
       return "one of text, json";
     case OptionKind::kReadMode:
       return "one of auto, direct, buffered";
+    case OptionKind::kPrefault:
+      return "one of background, start, off";
   }
   return "?";
 }
@@ -250,6 +256,10 @@ bool SetFromText(const DaemonOption& o, const std::string& text,
       return true;
     case OptionKind::kReadMode:
       if (!ParseScanReadMode(text).ok()) return false;
+      out->*std::get<std::string O::*>(o.target) = text;
+      return true;
+    case OptionKind::kPrefault:
+      if (!ParsePrefault(text).ok()) return false;
       out->*std::get<std::string O::*>(o.target) = text;
       return true;
     case OptionKind::kInteger: {
@@ -325,6 +335,12 @@ bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
     case OptionKind::kLogFormat:
     case OptionKind::kReadMode:
       return v.is_string() && SetFromText(o, v.get<std::string>(), out);
+    case OptionKind::kPrefault:
+      // Before 0.x it was a switch: true touched everything at start.
+      if (v.is_boolean()) {
+        return SetFromText(o, v.get<bool>() ? "start" : "off", out);
+      }
+      return v.is_string() && SetFromText(o, v.get<std::string>(), out);
     case OptionKind::kConfigFile:
       return false;
   }
@@ -351,6 +367,7 @@ std::string DefaultText(const DaemonOption& o) {
     case OptionKind::kLogLevel:
     case OptionKind::kLogFormat:
     case OptionKind::kReadMode:
+    case OptionKind::kPrefault:
       return defaults.*std::get<std::string O::*>(o.target);
     case OptionKind::kInteger:
       return absl::StrCat(defaults.*std::get<int64_t O::*>(o.target));
@@ -399,7 +416,7 @@ EngineOptions DaemonOptions::Engine() const {
   e.limits.max_bytes_per_call = max_bytes_per_call;
   e.reservoir.bytes = reservoir_bytes;
   e.reservoir.slot_bytes = block_bytes;
-  e.reservoir.prefault = prefault;
+  e.reservoir.prefault = *ParsePrefault(prefault);  // checked by the table
   e.reads.queue_depth = static_cast<unsigned>(queue_depth);
   e.reads.read_bytes = read_bytes;
   e.scans.window_blocks = shuffle_window;

@@ -96,7 +96,9 @@ struct DaemonOptions {
   std::string read_mode = "auto";
   bool register_buffers = false;  // io_uring fixed buffers (pins memory)
   bool query_buffered = false;    // queries: no O_DIRECT for cold vectors
-  bool prefault = false;          // touch the reservoir at start
+  /// When the reservoir's pages are touched: background (by an idle-priority
+  /// thread, free slots only), start (all before serving), off (when used).
+  std::string prefault = "background";
   /// A new shared scan waits this long for more clients before reading.
   int64_t scan_start_delay_ms = 100;
   /// This daemon's node group (StreamSpec::node_rank/node_count) for
@@ -143,6 +145,7 @@ enum class OptionKind {
   kLogLevel,    // debug, info, warning or error
   kLogFormat,   // text or json
   kReadMode,    // auto, direct or buffered
+  kPrefault,    // background, start or off (config: also true / false)
   kConfigFile,  // --config FILE: flag only, read before the other flags
 };
 

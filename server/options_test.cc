@@ -65,6 +65,8 @@ Sample SampleOf(const DaemonOption& o) {
       return {"json", "\"json\""};
     case OptionKind::kReadMode:
       return {"buffered", "\"buffered\""};
+    case OptionKind::kPrefault:
+      return {"start", "\"start\""};
     case OptionKind::kConfigFile:
       break;
   }
@@ -119,7 +121,7 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
       {"--root", "/a", "--root", "/b", "--listen", "unix:/run/s.sock",
        "--queue-depth", "7", "--reservoir-bytes", "2G", "--grace-seconds",
        "0.5", "--read-mode", "direct", "--register-buffers",
-       "--scan-start-delay-ms", "0"});
+       "--scan-start-delay-ms", "0", "--prefault", "off"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->roots, (std::vector<std::string>{"/a", "/b"}));
   EXPECT_EQ(o->unix_socket, "/run/s.sock");
@@ -128,7 +130,7 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
   EXPECT_EQ(o->shutdown_grace_seconds, 0.5);
   EXPECT_EQ(o->read_mode, "direct");
   EXPECT_TRUE(o->register_buffers);
-  EXPECT_FALSE(o->prefault);
+  EXPECT_EQ(o->prefault, "off");
   EXPECT_EQ(o->scan_start_delay_ms, 0);
   const EngineOptions e = o->Engine();
   EXPECT_EQ(e.roots, o->roots);
@@ -137,8 +139,28 @@ TEST_F(OptionsTest, SettingsLandInTheirFields) {
   EXPECT_EQ(e.reservoir.slot_bytes, 4ull << 20);
   EXPECT_EQ(e.scans.read_mode, ScanReadMode::kDirect);
   EXPECT_TRUE(e.scans.register_buffers);
+  EXPECT_EQ(e.reservoir.prefault, Prefault::kOff);
   EXPECT_EQ(e.scans.start_delay.count(), 0);
   EXPECT_EQ(e.limits.max_vectors_per_call, 1 << 16);  // the default
+}
+
+TEST_F(OptionsTest, PrefaultIsInTheBackgroundUnlessToldAndTakesOldBooleans) {
+  auto defaults = ParseDaemonOptions({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->Engine().reservoir.prefault, Prefault::kBackground);
+  // Config files written when it was a switch.
+  for (const auto& [json, want] : std::vector<std::pair<std::string, Prefault>>{
+           {"{\"prefault\": true}", Prefault::kStart},
+           {"{\"prefault\": false}", Prefault::kOff}}) {
+    auto o = WithConfig(json);
+    ASSERT_TRUE(o.ok()) << json << ": " << o.status();
+    EXPECT_EQ(o->Engine().reservoir.prefault, want) << json;
+  }
+  auto bad = ParseDaemonOptions({"--prefault", "now"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("background, start, off"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST_F(OptionsTest, FlagsOverrideTheConfigFileAndRootsAreReplaced) {
@@ -209,6 +231,8 @@ TEST_F(OptionsTest, MalformedValuesAndUnknownNamesAreInvalidArguments) {
       "{\"queue_depth\": 7.5}",
       "{\"register_buffers\": 1}",
       "{\"read_mode\": \"fast\"}",
+      "{\"prefault\": \"now\"}",
+      "{\"prefault\": 1}",
       "{\"log_level\": 3}",
       "{\"shutdown_grace_seconds\": -1}",
       "{\"read_bytes\": \"lots\"}",

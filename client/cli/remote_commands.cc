@@ -450,6 +450,7 @@ int RunStatus(const Args& args) {
   j["reservoir_bytes"] = s->reservoir_bytes;
   j["reservoir_bytes_in_use"] = s->reservoir_bytes_in_use;
   j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved;
+  j["reservoir_bytes_touched"] = s->reservoir_bytes_touched;
   j["blocks_read"] = s->blocks_read;
   j["bytes_delivered"] = s->bytes_delivered;
   j["shm_regions"] = s->shm_regions;

@@ -213,6 +213,8 @@ EngineFigures Engine::Figures() const {
       static_cast<uint64_t>(r.slots_in_use()) * r.slot_bytes();
   f.reservoir_bytes_reserved =
       static_cast<uint64_t>(r.slots_reserved()) * r.slot_bytes();
+  f.reservoir_bytes_touched =
+      static_cast<uint64_t>(r.slots_touched()) * r.slot_bytes();
   f.blocks_read = scans_->engine()->blocks_read();
   f.bytes_read = scans_->engine()->bytes_read() + ordered_bytes_read_.load() +
                  queries_.bytes_read();

@@ -3,11 +3,14 @@
 // scans read blocks into slots; a slot returns to the pool when the last
 // client holding its block lets go.
 //
-// Memory is one anonymous mapping made at start. Pages are touched only when
-// a slot is first used (or all at once with `prefault`), and free slots are
-// handed out lowest index first, so a daemon that needs little memory keeps
-// reusing the same warm pages (first touch of fresh memory is slow on these
-// VMs: README.md, "Measuring").
+// Memory is one anonymous mapping made at start. First touch of fresh memory
+// is slow (on the 2-core VMs the kernel's zeroing of a new huge page was 16 %
+// of a fresh daemon's CPU in a cold 8-trainer run: tests/bench/RESULTS.md),
+// so with Prefault::kBackground a thread of the lowest priority (nice 19)
+// touches the free slots, lowest index first, while nothing is reserved (no
+// stream running); a slot in use is never written by it. Free slots are handed
+// out lowest index first, so a daemon that needs little memory keeps reusing
+// the same warm pages.
 //
 // Admission: each shuffled stream reserves the slots it may pin (its shuffle
 // window plus its lag bound, see SharedScan). Reserve() refuses a stream the
@@ -22,22 +25,35 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/mutex.h"
 
 namespace shardcast {
 
+/// When the reservoir's pages are first touched.
+enum class Prefault {
+  kOff,         // when a slot is first used
+  kStart,       // all of them in Create
+  kBackground,  // by a nice-19 thread, free slots, while nothing is reserved
+};
+
+/// "background", "start" or "off"; INVALID_ARGUMENT naming the choices.
+absl::StatusOr<Prefault> ParsePrefault(absl::string_view name);
+
 struct ReservoirOptions {
   uint64_t bytes = 2ull << 30;       // total; rounded down to whole slots
   uint64_t slot_bytes = 4ull << 20;  // one block; rounded up to 64 bytes
-  bool prefault = false;             // touch every page at start
+  Prefault prefault = Prefault::kOff;
 };
 
 /// Thread-safe. Owns its mapping (unmapped on destruction; every slot must
-/// have been released by then, which is logged otherwise).
+/// have been released by then, which is logged otherwise) and, with
+/// Prefault::kBackground, the prefault thread (joined on destruction).
 class Reservoir {
  public:
   /// INVALID_ARGUMENT when fewer than 2 slots fit; RESOURCE_EXHAUSTED when
@@ -100,6 +116,9 @@ class Reservoir {
 
   int64_t slots_in_use() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t slots_reserved() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Slots whose pages are in memory: touched by a prefault or handed out
+  /// since the start (a parked slot's pages were given back: not counted).
+  int64_t slots_touched() const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Memory lent elsewhere (a client's shared-memory region) comes out of
   /// the reservoir physically, not only in the accounts: Park takes `slots`
@@ -107,17 +126,30 @@ class Reservoir {
   /// they are released, and gives their pages back to the kernel
   /// (MADV_DONTNEED), so the process stays within the reservoir's size.
   /// Call after Reserve(slots), which guarantees they come free. Unpark
-  /// returns them (their pages are touched again when next used).
+  /// returns them (their pages are touched again when next used, or by the
+  /// background prefault).
   void Park(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
   void Unpark(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t slots_parked() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Stops and joins the background prefault thread (the destructor does
+  /// too): call before whatever the release listener reaches goes away.
+  void StopPrefault() ABSL_LOCKS_EXCLUDED(mu_);
   /// The slots are registered with io_uring (pinned): their pages must not
   /// be given back, or the kernel would keep writing the old ones. Parking
   /// then only keeps them out of use.
   void SetPinned() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  enum class SlotState : uint8_t { kFree, kInUse, kParked, kPrefaulting };
+
   Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes, int64_t slots);
+  // The background prefault: takes the lowest free untouched slot out of
+  // the pool, touches it without the lock, returns it; sleeps when every
+  // free slot is touched or a reservation is held.
+  void PrefaultLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Puts a slot that is in no state's list back: free, or parked if
+  // parking is owed.
+  void ReturnLocked(int32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   char* const base_;
   const uint64_t mapped_;
@@ -127,7 +159,16 @@ class Reservoir {
 
   mutable Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
-  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
+  std::vector<SlotState> state_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> touched_ ABSL_GUARDED_BY(mu_);  // see slots_touched()
+  int64_t touched_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefaulting_ ABSL_GUARDED_BY(mu_) = 0;  // slots the thread holds
+  // Where the prefault thread looks next (every lower free slot is touched,
+  // unless an unpark lowered it since).
+  int64_t prefault_next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool prefault_stop_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar prefault_wake_;
+  std::thread prefault_thread_;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   const int64_t elastic_margin_;  // free slots elastic overflow leaves
   int64_t overflow_ ABSL_GUARDED_BY(mu_) = 0;

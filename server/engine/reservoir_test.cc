@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,7 +24,7 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
 std::unique_ptr<Reservoir> MakeReservoir(uint64_t bytes, uint64_t slot_bytes,
-                                         bool prefault = false) {
+                                         Prefault prefault = Prefault::kOff) {
   ReservoirOptions o;
   o.bytes = bytes;
   o.slot_bytes = slot_bytes;
@@ -276,7 +278,7 @@ TEST(Reservoir, PagesAreTouchedOnlyWhenUsedUnlessPrefaulted) {
   std::memset(lazy->slot_data(0), 1, 4096);
   EXPECT_GE(ResidentPages(lazy->base(), lazy->bytes()), 1u);
 
-  auto eager = MakeReservoir(bytes, 64 * kKiB, /*prefault=*/true);
+  auto eager = MakeReservoir(bytes, 64 * kKiB, Prefault::kStart);
   ASSERT_NE(eager, nullptr);
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   EXPECT_EQ(ResidentPages(eager->base(), eager->bytes()),
@@ -285,7 +287,7 @@ TEST(Reservoir, PagesAreTouchedOnlyWhenUsedUnlessPrefaulted) {
 
 TEST(Reservoir, ParkedSlotsGiveTheirPagesBackAndAreNotHandedOut) {
   // 8 prefaulted slots of 64 KiB; a lease of 3 parks the 3 highest free.
-  auto r = MakeReservoir(8 * 64 * kKiB, 64 * kKiB, /*prefault=*/true);
+  auto r = MakeReservoir(8 * 64 * kKiB, 64 * kKiB, Prefault::kStart);
   ASSERT_NE(r, nullptr);
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t slot_pages = 64 * kKiB / page;
@@ -311,7 +313,7 @@ TEST(Reservoir, ParkedSlotsGiveTheirPagesBackAndAreNotHandedOut) {
 }
 
 TEST(Reservoir, SlotsInUseWhenParkingAreParkedAsTheyAreReleased) {
-  auto r = MakeReservoir(4 * 64 * kKiB, 64 * kKiB, /*prefault=*/true);
+  auto r = MakeReservoir(4 * 64 * kKiB, 64 * kKiB, Prefault::kStart);
   ASSERT_NE(r, nullptr);
   std::vector<int32_t> held;
   while (std::optional<int32_t> s = r->TryAcquire()) held.push_back(*s);
@@ -372,8 +374,114 @@ TEST(Reservoir, ParkingASlotSmallerThanAPageLeavesItsNeighboursData) {
   }
 }
 
+// Polls `done` for up to 20 s (the prefault thread runs at idle priority).
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 2000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+TEST(Reservoir, BackgroundPrefaultTouchesEveryFreeSlotAndCountsIt) {
+  auto r = MakeReservoir(16 * 256 * kKiB, 256 * kKiB, Prefault::kBackground);
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(Eventually([&] { return r->slots_touched() == 16; }))
+      << r->slots_touched() << " of 16 slots touched";
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(ResidentPages(r->base(), r->bytes()), r->bytes() / page);
+  EXPECT_EQ(r->slots_in_use(), 0);
+  // Every slot came back to the pool, lowest first.
+  std::vector<int32_t> got;
+  while (std::optional<int32_t> s = r->TryAcquire()) got.push_back(*s);
+  ASSERT_EQ(got.size(), 16u);
+  for (int32_t i = 0; i < 16; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], i);
+  for (int32_t s : got) r->Release(s);
+}
+
+TEST(Reservoir, SlotsHandedOutBeforeThePrefaultCountAsTouched) {
+  auto r = MakeReservoir(4 * 64 * kKiB, 64 * kKiB);  // no prefault
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->slots_touched(), 0);
+  std::optional<int32_t> a = r->TryAcquire();
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(r->slots_touched(), 1);
+  r->Release(*a);
+  EXPECT_EQ(r->slots_touched(), 1);
+  auto eager = MakeReservoir(4 * 64 * kKiB, 64 * kKiB, Prefault::kStart);
+  ASSERT_NE(eager, nullptr);
+  EXPECT_EQ(eager->slots_touched(), 4);
+}
+
+TEST(Reservoir, BackgroundPrefaultLeavesParkedSlotsAloneUntilUnparked) {
+  // The region's memory must not be taken back by the prefault. 64 slots of
+  // 256 KiB, the top 8 parked; the reservation is dropped (the engine keeps
+  // it while parked) so that the prefault runs meanwhile.
+  auto r = MakeReservoir(64 * 256 * kKiB, 256 * kKiB, Prefault::kBackground);
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->Reserve(8, "a lease").ok());
+  r->Park(8);
+  r->Unreserve(8);
+  ASSERT_TRUE(Eventually([&] { return r->slots_touched() == 56; }))
+      << r->slots_touched() << " of 56 slots touched";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(r->slots_touched(), 56);
+  for (int32_t s = 56; s < 64; ++s) {
+    EXPECT_EQ(ResidentPages(r->slot_data(s), 256 * kKiB), 0u) << s;
+  }
+  r->Unpark(8);
+  ASSERT_TRUE(Eventually([&] { return r->slots_touched() == 64; }))
+      << r->slots_touched() << " of 64 slots touched after unparking";
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(ResidentPages(r->slot_data(56), 8 * 256 * kKiB),
+            8 * 256 * kKiB / page);
+  // Parked again, touched slots give their pages back and stop counting.
+  ASSERT_TRUE(r->Reserve(2, "another lease").ok());
+  r->Park(2);
+  EXPECT_EQ(r->slots_touched(), 62);
+  r->Unpark(2);
+  r->Unreserve(2);
+}
+
+TEST(Reservoir, BackgroundPrefaultPausesWhileAnythingIsReserved) {
+  // 256 slots of 1 MiB: far more than the thread touches before Reserve.
+  auto r = MakeReservoir(256 * kMiB, 1 * kMiB, Prefault::kBackground);
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->Reserve(1, "a stream").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its slot
+  const int64_t paused = r->slots_touched();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(r->slots_touched(), paused);
+  EXPECT_LT(paused, 256);
+  r->Unreserve(1);
+  ASSERT_TRUE(Eventually([&] { return r->slots_touched() == 256; }))
+      << r->slots_touched() << " of 256 slots touched after the stream";
+}
+
+TEST(Reservoir, DestroyingAReservoirStopsItsPrefaultAtOnce) {
+  // 1 GiB: far more than the thread touches before the destructor runs.
+  auto r = MakeReservoir(1ull << 30, 4 * kMiB, Prefault::kBackground);
+  ASSERT_NE(r, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  r.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+void ConcurrentAcquireAndRelease(Prefault prefault);
+
 TEST(Reservoir, ConcurrentAcquireAndReleaseNeverShareASlot) {
-  auto r = MakeReservoir(8 * 4096, 4096);
+  for (Prefault prefault : {Prefault::kOff, Prefault::kBackground}) {
+    SCOPED_TRACE(prefault == Prefault::kOff ? "no prefault" : "background");
+    ConcurrentAcquireAndRelease(prefault);
+  }
+}
+
+void ConcurrentAcquireAndRelease(Prefault prefault) {
+  // With the prefault, 64 KiB slots: its thread takes slots out of the pool
+  // while the others acquire them.
+  auto r = prefault == Prefault::kOff
+               ? MakeReservoir(8 * 4096, 4096)
+               : MakeReservoir(8 * 64 * kKiB, 64 * kKiB, prefault);
   ASSERT_NE(r, nullptr);
   std::atomic<int> releases{0};
   r->SetReleaseListener([&releases] { releases++; });

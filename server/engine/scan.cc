@@ -799,6 +799,8 @@ absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
 }
 
 ScanRegistry::~ScanRegistry() {
+  // The prefault thread wakes the engine through the release listener.
+  if (reservoir_ != nullptr) reservoir_->StopPrefault();
   engine_.reset();  // before the reservoir its reads land in
 }
 

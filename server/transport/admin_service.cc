@@ -94,6 +94,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
   response->set_device_read_bytes(DeviceReadBytes());
   response->set_reservoir_bytes(e.reservoir_bytes);
   response->set_reservoir_bytes_in_use(e.reservoir_bytes_in_use);
+  response->set_reservoir_bytes_touched(e.reservoir_bytes_touched);
   response->set_reservoir_bytes_reserved(e.reservoir_bytes_reserved);
   response->set_blocks_read(e.blocks_read);
   response->set_bytes_delivered(m.bytes_delivered.load());

@@ -191,6 +191,9 @@ std::string Metrics::PrometheusText(bool serving, const EngineFigures& engine,
          engine.reservoir_bytes);
   metric("shardcast_reservoir_used_bytes", "gauge",
          "Reservoir bytes holding blocks.", engine.reservoir_bytes_in_use);
+  metric("shardcast_reservoir_touched_bytes", "gauge",
+         "Reservoir bytes whose pages are in memory (prefaulted or used).",
+         engine.reservoir_bytes_touched);
   metric("shardcast_reservoir_reserved_bytes", "gauge",
          "Reservoir bytes reserved by shuffled streams and shared-memory "
          "regions.",

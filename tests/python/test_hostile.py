@@ -82,6 +82,17 @@ class Daemon:
         assert self.proc.poll() is None, f"shardcastd died\n{self.stderr()}"
         self.client.status()  # answers
 
+    def wait_for_prefault(self):
+        """Until the reservoir is touched (the daemon does that in the
+        background after start), so that RSS figures compare like with like."""
+        deadline = time.monotonic() + 30
+        while True:
+            st = self.client.status()
+            if st.reservoir_bytes_touched >= st.reservoir_bytes:
+                return
+            assert time.monotonic() < deadline, st
+            time.sleep(0.05)
+
     def rss_bytes(self):
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -175,6 +186,7 @@ def test_largest_world_size_partitions_exactly(served):
 def test_oversized_request_is_refused_before_parsing_and_memory_stays(served):
     """A 30 MB GetVectors was parsed whole; three left the daemon GBs bigger."""
     d, ds, _ = served
+    d.wait_for_prefault()
     before = d.rss_bytes()
     coords = np.zeros((1_000_000, 3), dtype=np.int64)
     coords[:, 1] = 6

@@ -337,6 +337,28 @@ def test_status_splits_the_daemons_memory_by_kind(start_daemon, datasets):
         assert st.memory_rss_shmem_bytes <= base_shmem, (base_shmem, st)
 
 
+def test_an_idle_daemon_touches_its_reservoir_in_the_background(start_daemon):
+    """By default (--prefault background) the reservoir's pages come into
+    memory while the daemon idles: status says all of it is touched, and the
+    kernel's own count of the daemon's anonymous memory holds at least the
+    reservoir. With --prefault off, nothing is touched until used."""
+    d = start_daemon()  # 64 MiB reservoir
+    with shardcast.Client(d.address) as client:
+        st = wait_for(lambda: (lambda s: s if s.reservoir_bytes_touched == s.reservoir_bytes
+                               else None)(client.status()),
+                      timeout=30, what="the reservoir touched")
+    _, anon, _, _ = proc_rss_kinds(d.pid)
+    assert anon >= st.reservoir_bytes, (anon, st.reservoir_bytes)
+
+    off = start_daemon("--prefault", "off")
+    time.sleep(1.0)
+    with shardcast.Client(off.address) as client:
+        st = client.status()
+    _, anon_off, _, _ = proc_rss_kinds(off.pid)
+    assert st.reservoir_bytes_touched == 0, st
+    assert anon_off < anon - st.reservoir_bytes // 2, (anon_off, anon)
+
+
 # ---------------------------------------------------------------------------
 # Absurd region requests.
 
