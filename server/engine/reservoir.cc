@@ -360,6 +360,10 @@ int64_t Reservoir::slots_parked() const {
 void Reservoir::SetPinned() {
   MutexLock lock(&mu_);
   pinned_ = true;
+  // Registration faulted every page in, and pinned pages are never given
+  // back: all of it stays touched.
+  touched_.assign(static_cast<size_t>(num_slots_), true);
+  touched_count_ = num_slots_;
 }
 
 int64_t Reservoir::slots_in_use() const {

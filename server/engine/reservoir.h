@@ -134,9 +134,9 @@ class Reservoir {
   /// Stops and joins the background prefault thread (the destructor does
   /// too): call before whatever the release listener reaches goes away.
   void StopPrefault() ABSL_LOCKS_EXCLUDED(mu_);
-  /// The slots are registered with io_uring (pinned): their pages must not
-  /// be given back, or the kernel would keep writing the old ones. Parking
-  /// then only keeps them out of use.
+  /// The slots are registered with io_uring (pinned, so every page is in
+  /// memory): their pages must not be given back, or the kernel would keep
+  /// writing the old ones. Parking then only keeps them out of use.
   void SetPinned() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -346,7 +346,7 @@ def test_an_idle_daemon_touches_its_reservoir_in_the_background(start_daemon):
     with shardcast.Client(d.address) as client:
         st = wait_for(lambda: (lambda s: s if s.reservoir_bytes_touched == s.reservoir_bytes
                                else None)(client.status()),
-                      timeout=30, what="the reservoir touched")
+                      timeout=120, what="the reservoir touched")
     _, anon, _, _ = proc_rss_kinds(d.pid)
     assert anon >= st.reservoir_bytes, (anon, st.reservoir_bytes)
 
