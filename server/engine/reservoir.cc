@@ -120,11 +120,13 @@ absl::StatusOr<std::unique_ptr<Reservoir>> Reservoir::Create(
     r->touched_.assign(slots, true);
     r->touched_count_ = static_cast<int64_t>(slots);
   }
-  if (options.prefault == Prefault::kBackground) {
-    Reservoir* raw = r.get();
-    r->prefault_thread_ = std::thread([raw] { raw->PrefaultLoop(); });
-  }
+  r->background_ = options.prefault == Prefault::kBackground;
   return r;
+}
+
+void Reservoir::StartPrefault() {
+  if (!background_ || prefault_thread_.joinable()) return;
+  prefault_thread_ = std::thread([this] { PrefaultLoop(); });
 }
 
 void Reservoir::PrefaultLoop() {

@@ -98,7 +98,8 @@ class Reservoir {
   /// in use (a bug) is logged and ignored.
   void Release(int32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
   /// Called (without locks held) after every Release, e.g. to wake the read
-  /// engine that may be waiting for a slot. Set once, before use.
+  /// engine that may be waiting for a slot. Set once, before use (and
+  /// before StartPrefault).
   void SetReleaseListener(std::function<void()> listener) {
     listener_ = std::move(listener);
   }
@@ -131,6 +132,10 @@ class Reservoir {
   void Park(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
   void Unpark(int64_t slots) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t slots_parked() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// With Prefault::kBackground, starts the prefault thread (once; nothing
+  /// otherwise). Call after SetReleaseListener: the thread calls the
+  /// listener when it returns a slot.
+  void StartPrefault();
   /// Stops and joins the background prefault thread (the destructor does
   /// too): call before whatever the release listener reaches goes away.
   void StopPrefault() ABSL_LOCKS_EXCLUDED(mu_);
@@ -168,6 +173,7 @@ class Reservoir {
   int64_t prefault_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool prefault_stop_ ABSL_GUARDED_BY(mu_) = false;
   CondVar prefault_wake_;
+  bool background_ = false;  // Prefault::kBackground: StartPrefault starts
   std::thread prefault_thread_;
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   const int64_t elastic_margin_;  // free slots elastic overflow leaves

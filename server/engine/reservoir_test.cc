@@ -24,14 +24,17 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
 
 std::unique_ptr<Reservoir> MakeReservoir(uint64_t bytes, uint64_t slot_bytes,
-                                         Prefault prefault = Prefault::kOff) {
+                                         Prefault prefault = Prefault::kOff,
+                                         bool start = true) {
   ReservoirOptions o;
   o.bytes = bytes;
   o.slot_bytes = slot_bytes;
   o.prefault = prefault;
   absl::StatusOr<std::unique_ptr<Reservoir>> r = Reservoir::Create(o);
   EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? std::move(*r) : nullptr;
+  if (!r.ok()) return nullptr;
+  if (start) (*r)->StartPrefault();
+  return std::move(*r);
 }
 
 // Pages of [p, p + bytes) that are resident, per mincore(2).
@@ -496,10 +499,12 @@ void ConcurrentAcquireAndRelease(Prefault prefault) {
   // while the others acquire them.
   auto r = prefault == Prefault::kOff
                ? MakeReservoir(8 * 4096, 4096)
-               : MakeReservoir(8 * 64 * kKiB, 64 * kKiB, prefault);
+               : MakeReservoir(8 * 64 * kKiB, 64 * kKiB, prefault,
+                               /*start=*/false);
   ASSERT_NE(r, nullptr);
   std::atomic<int> releases{0};
   r->SetReleaseListener([&releases] { releases++; });
+  r->StartPrefault();  // after the listener, as the daemon does
   std::vector<std::atomic<int>> owners(8);
   for (auto& o : owners) o = 0;
   std::atomic<bool> shared{false};

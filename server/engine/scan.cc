@@ -791,6 +791,7 @@ absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
                    ReadEngine::Start(options.reads, r->reservoir_.get()));
   ReadEngine* engine = r->engine_.get();
   r->reservoir_->SetReleaseListener([engine] { engine->Wake(); });
+  r->reservoir_->StartPrefault();
   r->gather_ = std::make_unique<GatherPool>(
       options.gather_helpers >= 0
           ? options.gather_helpers
