@@ -8,13 +8,16 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/synth.h"
+#include "server/io/page_residency.h"
 
 namespace shardcast {
 
@@ -708,21 +711,29 @@ bool Sparse(const DatasetDesc& d, const Selection& sel) {
 }
 
 // The fraction of a sample of the selection's pages that sits in the page
-// cache, found with RWF_NOWAIT reads (they return EAGAIN instead of waiting
-// for the disk; mincore() would need write access to the files). A miss
-// still starts the read of that page (RWF_NOWAIT only does not wait for
-// it), so every probe draws its pages at random: a fixed sample would be
-// found cached by the next probe of the same cold data (a cold scan started
-// right after another one was served from maps, at 60 MB/s). The probe
-// descriptors are advised POSIX_FADV_RANDOM so that a miss starts no
-// read-ahead: at most the sampled pages themselves are read. -1 when the
-// filesystem cannot answer.
+// cache. Asked with mincore() (PageResidency: no I/O) where the kernel tells
+// this process the truth about the file (it owns it, may write it, or has
+// CAP_FOWNER); elsewhere with RWF_NOWAIT reads, which return EAGAIN instead
+// of waiting for the disk but still start the read of the page they miss.
+// So each probe draws its pages at random (a fixed sample would be found
+// cached by the next probe of the same cold data: a cold scan started right
+// after another one was served from maps, at 60 MB/s), a page is asked once
+// (on a small file, a second sample of a page just missed found it read:
+// a cold 544 KiB dataset looked 62 % cached), and the read descriptors are
+// advised POSIX_FADV_RANDOM so that a miss starts no read-ahead. -1 when
+// the filesystem cannot answer.
 double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
   constexpr int64_t kSamples = 32;
   const int64_t rows = layout.sel.num_rows;
   const int64_t per_row = layout.sel.vectors_per_row;
   if (rows <= 0 || per_row <= 0) return -1;
-  std::vector<UniqueFd> probes(r.desc().shards.size());
+  struct Probe {
+    bool opened = false;
+    std::unique_ptr<PageResidency> residency;  // null: read with RWF_NOWAIT
+    UniqueFd fd;
+  };
+  std::vector<Probe> probes(r.desc().shards.size());
+  std::set<std::pair<int64_t, uint64_t>> asked_pages;  // (shard, page)
   char page[4096];
   int64_t asked = 0, cached = 0;
   std::mt19937_64 random(std::random_device{}());
@@ -737,20 +748,36 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
     const int64_t token = uniform(0, per_row);
     absl::StatusOr<VectorLocation> at = layout.sel.Locate(r.desc(), row, token);
     if (!at.ok() || r.shard_fd(at->shard) < 0) continue;
-    UniqueFd& fd = probes[static_cast<size_t>(at->shard)];
-    if (!fd.valid()) {
-      auto opened = OpenFile(
-          absl::StrCat("/proc/self/fd/", r.shard_fd(at->shard)), O_RDONLY);
-      if (!opened.ok()) return -1;
-      fd = std::move(*opened);
-      ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_RANDOM);
+    const uint64_t offset = at->offset / 4096 * 4096;
+    if (!asked_pages.emplace(at->shard, offset).second) continue;
+    Probe& probe = probes[static_cast<size_t>(at->shard)];
+    if (!probe.opened) {
+      probe.opened = true;
+      const int shard_fd = r.shard_fd(at->shard);
+      struct stat st;
+      if (::fstat(shard_fd, &st) == 0 && st.st_size > 0) {
+        auto residency =
+            PageResidency::Open(shard_fd, static_cast<uint64_t>(st.st_size),
+                                r.shard_path(at->shard));
+        if (residency.ok()) probe.residency = std::move(*residency);
+      }
+      if (probe.residency == nullptr) {
+        auto opened =
+            OpenFile(absl::StrCat("/proc/self/fd/", shard_fd), O_RDONLY);
+        if (!opened.ok()) return -1;
+        probe.fd = std::move(*opened);
+        ::posix_fadvise(probe.fd.get(), 0, 0, POSIX_FADV_RANDOM);
+      }
+    }
+    ++asked;
+    if (probe.residency != nullptr) {
+      cached += probe.residency->Cached(offset, 1);
+      continue;
     }
     iovec iov{page, sizeof(page)};
-    const ssize_t n =
-        ::preadv2(fd.get(), &iov, 1,
-                  static_cast<off_t>(at->offset / 4096 * 4096), RWF_NOWAIT);
+    const ssize_t n = ::preadv2(probe.fd.get(), &iov, 1,
+                                static_cast<off_t>(offset), RWF_NOWAIT);
     if (n < 0 && errno != EAGAIN) return -1;  // EOPNOTSUPP: cannot tell
-    ++asked;
     cached += n > 0;
   }
   return asked == 0 ? -1 : static_cast<double>(cached) / asked;
