@@ -96,8 +96,9 @@ struct DaemonOptions {
   std::string read_mode = "auto";
   bool register_buffers = false;  // io_uring fixed buffers (pins memory)
   bool query_buffered = false;    // queries: no O_DIRECT for cold vectors
-  /// When the reservoir's pages are touched: background (by an idle-priority
-  /// thread, free slots only), start (all before serving), off (when used).
+  /// When the reservoir's pages are touched: background (by a nice-19
+  /// thread while nothing is reserved, free slots only), start (all before
+  /// serving), off (when used).
   std::string prefault = "background";
   /// A new shared scan waits this long for more clients before reading.
   int64_t scan_start_delay_ms = 100;

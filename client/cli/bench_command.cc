@@ -401,11 +401,12 @@ absl::Status WaitForPrefault(Client& client) {
       grew = now;
       last = touched;
     }
-    if (now - grew > std::chrono::seconds(2)) break;
-    if (now - start > std::chrono::minutes(1)) {
+    if (now - grew > std::chrono::seconds(2) ||
+        now - start > std::chrono::minutes(1)) {
       std::fprintf(stderr,
                    "bench: warning: measuring with %.0f of %.0f MiB of the "
-                   "daemon's reservoir touched (the machine is busy?)\n",
+                   "daemon's reservoir touched (--prefault off, or the "
+                   "machine is busy)\n",
                    static_cast<double>(touched) / kMiB,
                    static_cast<double>(s.reservoir_bytes) / kMiB);
       break;

@@ -31,9 +31,10 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%.4g %s", v, units[u]);
 }
 
-// Faults in the whole pages of [begin, begin + n) for writing without
-// changing their bytes (MADV_POPULATE_WRITE, Linux 5.14); older kernels get
-// a write per page instead, which the caller allows (the slot is its own).
+// Faults in the pages of [begin, begin + n) for writing without changing
+// their bytes (MADV_POPULATE_WRITE, Linux 5.14, on the whole pages inside);
+// older kernels get a zero written in every page the range touches, which
+// the caller allows (the bytes are its own).
 void TouchPages(char* begin, uint64_t n) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t b = reinterpret_cast<uintptr_t>(begin);
@@ -43,8 +44,8 @@ void TouchPages(char* begin, uint64_t n) {
                                 MADV_POPULATE_WRITE) == 0) {
     return;
   }
-  for (uint64_t off = 0; off < n; off += kPage) {
-    reinterpret_cast<volatile char*>(begin)[off] = 0;
+  for (uintptr_t p = b; p < b + n; p = (p / page + 1) * page) {
+    *reinterpret_cast<volatile char*>(p) = 0;
   }
 }
 
@@ -68,10 +69,9 @@ Reservoir::Reservoir(char* base, uint64_t mapped, uint64_t slot_bytes,
   MutexLock lock(&mu_);
   state_.assign(static_cast<size_t>(slots), SlotState::kFree);
   touched_.assign(static_cast<size_t>(slots), false);
-  free_.resize(static_cast<size_t>(slots));
-  for (int64_t i = 0; i < slots; ++i)
-    free_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+  for (int64_t i = 0; i < slots; ++i) {
+    free_.insert(free_.end(), static_cast<int32_t>(i));
+  }
 }
 
 Reservoir::~Reservoir() {
@@ -155,18 +155,31 @@ void Reservoir::PrefaultLoop() {
       });
       if (prefault_stop_) return;
       slot = static_cast<int32_t>(prefault_next_);
-      auto it = std::find(free_.begin(), free_.end(), slot);
-      free_.erase(it);  // free, so there
-      std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+      if (free_.erase(slot) != 1) {  // kFree means in free_
+        LogError("reservoir: free slot ", slot, " not in the pool (bug)");
+        return;
+      }
       state_[static_cast<size_t>(slot)] = SlotState::kPrefaulting;
       ++prefaulting_;
     }
-    // Out of the pool: no reader writes the slot meanwhile.
-    TouchPages(slot_data(slot), slot_bytes_);
+    // Out of the pool: no reader writes the slot meanwhile. In steps of
+    // 2 MiB, so that a stream that starts meanwhile (a reservation) stops
+    // it within one step: the populate holds the process's memory-map lock,
+    // which a reader's mmap would wait for behind a nice-19 thread.
+    constexpr uint64_t kStep = 2 << 20;
+    uint64_t done = 0;
+    while (done < slot_bytes_ &&
+           !prefault_yield_.load(std::memory_order_relaxed)) {
+      const uint64_t n = std::min(kStep, slot_bytes_ - done);
+      TouchPages(slot_data(slot) + done, n);
+      done += n;
+    }
     {
       MutexLock lock(&mu_);
-      touched_[static_cast<size_t>(slot)] = true;
-      ++touched_count_;
+      if (done == slot_bytes_ && !touched_[static_cast<size_t>(slot)]) {
+        touched_[static_cast<size_t>(slot)] = true;
+        ++touched_count_;
+      }  // else taken up again after the reservations
       --prefaulting_;
       ReturnLocked(slot);  // parks it (untouched again) if parking is owed
     }
@@ -178,6 +191,7 @@ void Reservoir::StopPrefault() {
   {
     MutexLock lock(&mu_);
     prefault_stop_ = true;
+    prefault_yield_ = true;
   }
   prefault_wake_.SignalAll();
   if (prefault_thread_.joinable()) prefault_thread_.join();
@@ -202,6 +216,7 @@ absl::Status Reservoir::Reserve(int64_t slots, const std::string& what) {
         "--lag-blocks or --block-bytes"));
   }
   reserved_ += slots;
+  if (reserved_ > 0) prefault_yield_ = true;
   return absl::OkStatus();
 }
 
@@ -213,7 +228,10 @@ void Reservoir::Unreserve(int64_t slots) {
     return;
   }
   reserved_ -= slots;
-  if (reserved_ == 0) prefault_wake_.SignalAll();  // it may go on
+  if (reserved_ == 0 && !prefault_stop_) {
+    prefault_yield_ = false;
+    prefault_wake_.SignalAll();  // it may go on
+  }
 }
 
 bool Reservoir::TryTakeOverflow() {
@@ -265,9 +283,8 @@ int64_t Reservoir::overflow_taken() const {
 std::optional<int32_t> Reservoir::TryAcquire() {
   MutexLock lock(&mu_);
   if (free_.empty()) return std::nullopt;
-  std::pop_heap(free_.begin(), free_.end(), std::greater<int32_t>());
-  const int32_t slot = free_.back();
-  free_.pop_back();
+  const int32_t slot = *free_.begin();
+  free_.erase(free_.begin());
   state_[static_cast<size_t>(slot)] = SlotState::kInUse;
   if (!touched_[static_cast<size_t>(slot)]) {
     touched_[static_cast<size_t>(slot)] = true;  // by its user, from now
@@ -296,8 +313,7 @@ void Reservoir::ReturnLocked(int32_t slot) {
     ParkLocked(slot);
   } else {
     state_[static_cast<size_t>(slot)] = SlotState::kFree;
-    free_.push_back(slot);
-    std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+    free_.insert(slot);
   }
 }
 
@@ -327,10 +343,9 @@ void Reservoir::Park(int64_t slots) {
   park_owed_ += slots;
   while (park_owed_ > 0 && !free_.empty()) {
     // The highest free index: low slots stay warm for reuse.
-    auto top = std::max_element(free_.begin(), free_.end());
+    auto top = std::prev(free_.end());
     const int32_t slot = *top;
     free_.erase(top);
-    std::make_heap(free_.begin(), free_.end(), std::greater<int32_t>());
     --park_owed_;
     ParkLocked(slot);
   }
@@ -345,8 +360,7 @@ void Reservoir::Unpark(int64_t slots) {
       const int32_t slot = parked_.back();
       parked_.pop_back();
       state_[static_cast<size_t>(slot)] = SlotState::kFree;
-      free_.push_back(slot);
-      std::push_heap(free_.begin(), free_.end(), std::greater<int32_t>());
+      free_.insert(slot);
       prefault_next_ = std::min<int64_t>(prefault_next_, slot);
     }
   }

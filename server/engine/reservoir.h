@@ -20,6 +20,7 @@
 #ifndef SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
 #define SHARDCAST_SERVER_ENGINE_RESERVOIR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
@@ -48,7 +50,7 @@ absl::StatusOr<Prefault> ParsePrefault(absl::string_view name);
 struct ReservoirOptions {
   uint64_t bytes = 2ull << 30;       // total; rounded down to whole slots
   uint64_t slot_bytes = 4ull << 20;  // one block; rounded up to 64 bytes
-  Prefault prefault = Prefault::kOff;
+  Prefault prefault = Prefault::kOff;  // the daemon's default: kBackground
 };
 
 /// Thread-safe. Owns its mapping (unmapped on destruction; every slot must
@@ -134,8 +136,9 @@ class Reservoir {
   int64_t slots_parked() const ABSL_LOCKS_EXCLUDED(mu_);
   /// With Prefault::kBackground, starts the prefault thread (once; nothing
   /// otherwise). Call after SetReleaseListener: the thread calls the
-  /// listener when it returns a slot.
-  void StartPrefault();
+  /// listener when it returns a slot. Owner's thread only, like
+  /// StopPrefault.
+  void StartPrefault() ABSL_LOCKS_EXCLUDED(mu_);
   /// Stops and joins the background prefault thread (the destructor does
   /// too): call before whatever the release listener reaches goes away.
   void StopPrefault() ABSL_LOCKS_EXCLUDED(mu_);
@@ -163,7 +166,9 @@ class Reservoir {
   std::function<void()> listener_;
 
   mutable Mutex mu_;
-  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // min-heap of indices
+  // Free slots, ordered: handed out lowest first, parked highest first,
+  // and the prefault takes a given one, each in O(log n).
+  absl::btree_set<int32_t> free_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotState> state_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> touched_ ABSL_GUARDED_BY(mu_);  // see slots_touched()
   int64_t touched_count_ ABSL_GUARDED_BY(mu_) = 0;
@@ -172,6 +177,9 @@ class Reservoir {
   // unless an unpark lowered it since).
   int64_t prefault_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool prefault_stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Written under mu_ (reservations held, or stopping); read by the
+  // prefault thread between steps, without it.
+  std::atomic<bool> prefault_yield_{false};
   CondVar prefault_wake_;
   bool background_ = false;  // Prefault::kBackground: StartPrefault starts
   std::thread prefault_thread_;

@@ -62,7 +62,7 @@ SOCK=$BENCH_DIR/stream.sock
 # not inside the first cold measurement.
 # shellcheck disable=SC2086
 "$SCD" --root "$ROOT" --listen "unix:$SOCK" --reservoir-bytes "$RESERVOIR" \
-  --prefault $DAEMON_FLAGS 2> "$OUT/daemon.log" &
+  --prefault start $DAEMON_FLAGS 2> "$OUT/daemon.log" &
 DAEMON=$!
 LOCK=
 trap 'kill $DAEMON $LOCK 2>/dev/null || true' EXIT

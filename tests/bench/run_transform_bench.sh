@@ -48,7 +48,7 @@ echo "statistics sidecar (shardcast stats):"
 
 vmtouch -tql "$DS"/acts*.bin & LOCK=$!
 SOCK=$BENCH_DIR/transform.sock
-"$SCD" --root "$ROOT" --listen "unix:$SOCK" --reservoir-bytes 1G --prefault \
+"$SCD" --root "$ROOT" --listen "unix:$SOCK" --reservoir-bytes 1G --prefault start \
   2> "$OUT/daemon.log" &
 DAEMON=$!
 trap 'kill $DAEMON $LOCK 2>/dev/null || true' EXIT

@@ -82,13 +82,6 @@ class Daemon:
         assert self.proc.poll() is None, f"shardcastd died\n{self.stderr()}"
         self.client.status()  # answers
 
-    def rss_beyond_reservoir(self):
-        """VmRSS less the reservoir's touched pages, which grow meanwhile
-        (the daemon touches them in the background after start). Read after
-        the RSS, the touched figure can only be ahead: by a slot at most."""
-        rss = self.rss_bytes()
-        return rss - self.client.status().reservoir_bytes_touched
-
     def rss_bytes(self):
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -118,6 +111,18 @@ def served(tmp_path):
     root.mkdir()
     info = synth(root)
     d = Daemon(root, tmp_path)
+    yield d, info["hash"], Ref(info["path"])
+    assert d.stop() == 0
+
+
+@pytest.fixture
+def served_prefaulted(tmp_path):
+    """As `served`, with the reservoir touched before serving (the default
+    touches it in the background meanwhile, which would move the RSS)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    info = synth(root)
+    d = Daemon(root, tmp_path, extra=("--prefault", "start"))
     yield d, info["hash"], Ref(info["path"])
     assert d.stop() == 0
 
@@ -179,16 +184,16 @@ def test_largest_world_size_partitions_exactly(served):
 
 # -------------------------------------------------- memory and echoed input
 
-def test_oversized_request_is_refused_before_parsing_and_memory_stays(served):
+def test_oversized_request_is_refused_before_parsing_and_memory_stays(served_prefaulted):
     """A 30 MB GetVectors was parsed whole; three left the daemon GBs bigger."""
-    d, ds, _ = served
-    before = d.rss_beyond_reservoir()
+    d, ds, _ = served_prefaulted
+    before = d.rss_bytes()
     coords = np.zeros((1_000_000, 3), dtype=np.int64)
     coords[:, 1] = 6
     for _ in range(3):
         expect_error("RESOURCE_EXHAUSTED", d.client.get_vectors, ds, coords)
     d.alive()
-    after = d.rss_beyond_reservoir()
+    after = d.rss_bytes()
     assert after - before < 64 << 20, (before, after)
 
 

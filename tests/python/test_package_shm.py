@@ -351,7 +351,6 @@ def test_an_idle_daemon_touches_its_reservoir_in_the_background(start_daemon):
     assert anon >= st.reservoir_bytes, (anon, st.reservoir_bytes)
 
     off = start_daemon("--prefault", "off")
-    time.sleep(1.0)
     with shardcast.Client(off.address) as client:
         st = client.status()
     _, anon_off, _, _ = proc_rss_kinds(off.pid)
