@@ -16,8 +16,6 @@
 namespace shardcast {
 namespace {
 
-constexpr uint64_t kPage = 4096;  // for prefaulting
-
 // "512 KiB", "4 MiB", "1.5 GiB", or bytes below 1 KiB.
 std::string HumanBytes(uint64_t bytes) {
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
