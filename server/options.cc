@@ -336,7 +336,8 @@ bool SetFromJson(const DaemonOption& o, const Json& v, DaemonOptions* out) {
     case OptionKind::kReadMode:
       return v.is_string() && SetFromText(o, v.get<std::string>(), out);
     case OptionKind::kPrefault:
-      // Before 0.x it was a switch: true touched everything at start.
+      // It was a switch before background touching came (true: touch
+      // everything at start), and config files still say so.
       if (v.is_boolean()) {
         return SetFromText(o, v.get<bool>() ? "start" : "off", out);
       }

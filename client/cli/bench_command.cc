@@ -404,19 +404,19 @@ absl::Status WaitForPrefault(Client& client) {
     if (now - grew > std::chrono::seconds(2) ||
         now - start > std::chrono::minutes(1)) {
       std::fprintf(stderr,
-                   "bench: warning: measuring with %.0f of %.0f MiB of the "
+                   "bench: warning: measuring with %s of %s MiB of the "
                    "daemon's reservoir touched (--prefault off, or the "
                    "machine is busy)\n",
-                   static_cast<double>(touched) / kMiB,
-                   static_cast<double>(s.reservoir_bytes) / kMiB);
+                   Mib(static_cast<double>(touched)).c_str(),
+                   Mib(static_cast<double>(s.reservoir_bytes)).c_str());
       break;
     }
     if (!told || touched >= told_at + (uint64_t{256} << 20)) {
       std::fprintf(stderr,
                    "bench: the daemon is touching its reservoir in the "
-                   "background (%.0f of %.0f MiB); waiting for it\n",
-                   static_cast<double>(touched) / kMiB,
-                   static_cast<double>(s.reservoir_bytes) / kMiB);
+                   "background (%s of %s MiB); waiting for it\n",
+                   Mib(static_cast<double>(touched)).c_str(),
+                   Mib(static_cast<double>(s.reservoir_bytes)).c_str());
       told = true;
       told_at = touched;
     }

@@ -727,9 +727,10 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
   const int64_t rows = layout.sel.num_rows;
   const int64_t per_row = layout.sel.vectors_per_row;
   if (rows <= 0 || per_row <= 0) return -1;
+  // A shard's probe: a residency map, or else a descriptor to read with
+  // RWF_NOWAIT; neither until the shard is first sampled.
   struct Probe {
-    bool opened = false;
-    std::unique_ptr<PageResidency> residency;  // null: read with RWF_NOWAIT
+    std::unique_ptr<PageResidency> residency;
     UniqueFd fd;
   };
   std::vector<Probe> probes(r.desc().shards.size());
@@ -751,8 +752,7 @@ double CachedFraction(const DatasetReader& r, const BlockLayout& layout) {
     const uint64_t offset = at->offset / 4096 * 4096;
     if (!asked_pages.emplace(at->shard, offset).second) continue;
     Probe& probe = probes[static_cast<size_t>(at->shard)];
-    if (!probe.opened) {
-      probe.opened = true;
+    if (probe.residency == nullptr && !probe.fd.valid()) {
       const int shard_fd = r.shard_fd(at->shard);
       struct stat st;
       if (::fstat(shard_fd, &st) == 0 && st.st_size > 0) {
