@@ -49,7 +49,8 @@ def start_daemon(root, base):
     sock = base / "run" / "sd.sock"
     log = open(base / "daemon.log", "wb")
     proc = subprocess.Popen([str(DAEMON_BIN), "--root", str(root), "--listen", f"unix:{sock}",
-                             "--block-bytes", "64K", "--reservoir-bytes", "64M"],
+                             "--block-bytes", "64K", "--reservoir-bytes", "64M",
+                             "--log-level", "debug"],
                             stderr=log, stdout=log)
     for _ in range(1000):
         if sock.exists() or proc.poll() is not None:
@@ -57,6 +58,11 @@ def start_daemon(root, base):
         time.sleep(0.01)
     assert sock.exists(), (base / "daemon.log").read_text()
     return proc, f"unix:{sock}"
+
+
+def daemon_log_tail(served, limit=6000):
+    data = (served.base / "daemon.log").read_bytes()
+    return data[-limit:].decode("utf-8", errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -336,18 +342,32 @@ def pb(tmp_path_factory):
 
 
 class TamperingProxy:
-    """Forwards every call to the daemon; Stream calls go through
-    `rewrite(request)` and `tamper(batches)` on the way."""
+    """Forwards every call to the daemon, each as the kind of call it is
+    (unary, server-streaming, bidirectional; from the proto's descriptor);
+    Stream calls go through `rewrite(request)` and `tamper(batches)` on the
+    way. A streaming method must not be forwarded as unary: StreamVectors
+    sends a part as each group of reads completes, and a unary call that
+    gets a second message waits for a status that never comes (gRPC delivers
+    it after the messages) until its deadline."""
 
     def __init__(self, pb, upstream, sock, rewrite=None, tamper=None):
         import grpc
+        from google.protobuf import descriptor_pb2
         self.grpc = grpc
         self.pb = pb
+        self.kinds = {}  # method path -> (client streams, server streams)
+        for service in pb.DESCRIPTOR.services_by_name.values():
+            for m in service.methods:
+                proto = descriptor_pb2.MethodDescriptorProto()
+                m.CopyToProto(proto)
+                self.kinds[f"/{service.full_name}/{m.name}"] = (proto.client_streaming,
+                                                                proto.server_streaming)
         opts = [("grpc.max_receive_message_length", 80 << 20),
                 ("grpc.max_send_message_length", 80 << 20)]
         self.channel = grpc.insecure_channel(upstream, options=opts)
         self.rewrite = rewrite or (lambda r: None)
         self.tamper = tamper or (lambda batches: batches)
+        self.calls = []  # (method, seconds, code) of each forwarded call
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=opts)
         self.server.add_generic_rpc_handlers([self])
         self.server.add_insecure_port(f"unix:{sock}")
@@ -366,14 +386,49 @@ class TamperingProxy:
             return grpc.unary_stream_rpc_method_handler(
                 self.stream, request_deserializer=self.pb.StreamRequest.FromString,
                 response_serializer=self.pb.Batch.SerializeToString)
-        forward = self.channel.unary_unary(method)  # raw bytes both ways
+        # Not in the proto (grpc.health.v1): unary.
+        client_streams, server_streams = self.kinds.get(method, (False, False))
+        if client_streams and server_streams:
+            forward = self.channel.stream_stream(method)  # raw bytes both ways
+            return grpc.stream_stream_rpc_method_handler(
+                lambda requests, context: self.forward_stream(method, forward, requests,
+                                                              context))
+        if server_streams:
+            forward = self.channel.unary_stream(method)
+            return grpc.unary_stream_rpc_method_handler(
+                lambda request, context: self.forward_stream(method, forward, request,
+                                                             context))
+        forward = self.channel.unary_unary(method)
 
         def unary(request, context):
+            start = time.monotonic()
             try:
-                return forward(request, timeout=30)
+                reply = forward(request, timeout=30)
+                self.calls.append((method, time.monotonic() - start, "OK"))
+                return reply
             except grpc.RpcError as e:
+                self.calls.append((method, time.monotonic() - start, e.code().name))
                 context.abort(e.code(), e.details())
         return grpc.unary_unary_rpc_method_handler(unary)
+
+    def forward_stream(self, method, forward, request, context):
+        """Yields the daemon's replies to `request` (one message, or an
+        iterator of them)."""
+        start = time.monotonic()
+        call = forward(request, timeout=60)
+        code = "OK"
+        try:
+            yield from call
+        except self.grpc.RpcError as e:
+            code = e.code().name
+            context.abort(e.code(), e.details())
+        finally:
+            call.cancel()
+            self.calls.append((method, time.monotonic() - start, code))
+
+    def describe(self):
+        """The calls forwarded, for a failure's message: method, seconds, code."""
+        return "\n".join(f"  {m} {s:.3f} s {c}" for m, s, c in self.calls)
 
     def stream(self, request, context):
         upstream_request = self.pb.StreamRequest()
@@ -483,7 +538,9 @@ def test_check_catches_a_daemon_that_gets_it_wrong(cli, served, pb, tmp_path, or
         proc = cli.fails(*args, timeout=120)
     finally:
         proxy.close()
-    assert "--check found" in proc.err and message in proc.err, proc.err
+    assert "--check found" in proc.err and message in proc.err, (
+        f"{proc.err}\nforwarded by the proxy:\n{proxy.describe()}\n"
+        f"daemon log (end):\n{daemon_log_tail(served)}")
     report = json.loads(proc.out)
     check = report["check"]
     assert check["ok"] is False
