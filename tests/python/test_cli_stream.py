@@ -388,32 +388,28 @@ class TamperingProxy:
                 response_serializer=self.pb.Batch.SerializeToString)
         # Not in the proto (grpc.health.v1): unary.
         client_streams, server_streams = self.kinds.get(method, (False, False))
-        if client_streams and server_streams:
-            forward = self.channel.stream_stream(method)  # raw bytes both ways
-            return grpc.stream_stream_rpc_method_handler(
-                lambda requests, context: self.forward_stream(method, forward, requests,
-                                                              context))
-        if server_streams:
-            forward = self.channel.unary_stream(method)
-            return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: self.forward_stream(method, forward, request,
-                                                             context))
-        forward = self.channel.unary_unary(method)
+        side = {False: "unary", True: "stream"}
+        kind = f"{side[client_streams]}_{side[server_streams]}"  # unary_stream, ...
+        forward = getattr(self.channel, kind)(method)  # raw bytes both ways
+        relay = self.forward_stream if server_streams else self.forward_unary
+        return getattr(grpc, f"{kind}_rpc_method_handler")(
+            lambda request, context: relay(method, forward, request, context))
 
-        def unary(request, context):
-            start = time.monotonic()
-            try:
-                reply = forward(request, timeout=30)
-                self.calls.append((method, time.monotonic() - start, "OK"))
-                return reply
-            except grpc.RpcError as e:
-                self.calls.append((method, time.monotonic() - start, e.code().name))
-                context.abort(e.code(), e.details())
-        return grpc.unary_unary_rpc_method_handler(unary)
+    def forward_unary(self, method, forward, request, context):
+        """The daemon's one reply to `request` (a message; for a
+        client-streaming method, an iterator of them)."""
+        start = time.monotonic()
+        try:
+            reply = forward(request, timeout=30)
+            self.calls.append((method, time.monotonic() - start, "OK"))
+            return reply
+        except self.grpc.RpcError as e:
+            self.calls.append((method, time.monotonic() - start, e.code().name))
+            context.abort(e.code(), e.details())
 
     def forward_stream(self, method, forward, request, context):
-        """Yields the daemon's replies to `request` (one message, or an
-        iterator of them)."""
+        """Yields the daemon's replies to `request` (a message; for a
+        bidirectional method, an iterator of them)."""
         start = time.monotonic()
         call = forward(request, timeout=60)
         code = "OK"
