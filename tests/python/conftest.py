@@ -81,6 +81,19 @@ def assert_no_crash(proc):
             f"crash marker {marker!r}\n{Cli.describe(proc)}")
 
 
+# How much of a log's end a failure's message shows.
+LOG_TAIL = 12000
+
+
+def tail(path, limit=LOG_TAIL):
+    """The last `limit` bytes of the file at `path`, as text (or why not)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return data[-limit:].decode("utf-8", errors="replace")
+
+
 @pytest.fixture(scope="session")
 def shardcast_bin():
     binary = Path(os.environ.get("SHARDCAST_BIN") or DEFAULT_BIN)

@@ -50,6 +50,7 @@ if importlib.util.find_spec("shardcast") is None:
     sys.path.insert(0, str(CLIENT_DIR))
 
 import saev_reference as ref  # noqa: E402
+from conftest import tail  # noqa: E402,F401  (re-exported)
 from sysprobe import proc_read_bytes  # noqa: E402,F401  (re-exported)
 import shardcast  # noqa: E402
 
@@ -69,7 +70,6 @@ READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 15.0
 POLL_TIMEOUT = 10.0
 TEST_DEADLINE = 45.0  # per test, see start_daemon
-LOG_TAIL = 12000
 
 # A small daemon: 64 MiB reservoir, 16 KiB blocks (64 vectors of D = 64), a
 # lag bound longer than any epoch here, so trainers running together share
@@ -110,13 +110,6 @@ def package_logs(request):
         pm.register(_LOG_PLUGIN, "shardcast-package-daemon-logs")
     return _LOG_PLUGIN
 
-
-def tail(path, limit=LOG_TAIL):
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        return f"<cannot read {path}: {e}>"
-    return data[-limit:].decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------------------

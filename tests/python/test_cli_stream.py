@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import saev_reference as ref
+from conftest import tail
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_BIN = Path(os.environ.get("SHARDCASTD_BIN") or REPO / "build" / "shardcastd")
@@ -58,11 +59,6 @@ def start_daemon(root, base):
         time.sleep(0.01)
     assert sock.exists(), (base / "daemon.log").read_text()
     return proc, f"unix:{sock}"
-
-
-def daemon_log_tail(served, limit=6000):
-    data = (served.base / "daemon.log").read_bytes()
-    return data[-limit:].decode("utf-8", errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -536,7 +532,7 @@ def test_check_catches_a_daemon_that_gets_it_wrong(cli, served, pb, tmp_path, or
         proxy.close()
     assert "--check found" in proc.err and message in proc.err, (
         f"{proc.err}\nforwarded by the proxy:\n{proxy.describe()}\n"
-        f"daemon log (end):\n{daemon_log_tail(served)}")
+        f"daemon log (end):\n{tail(served.base / 'daemon.log')}")
     report = json.loads(proc.out)
     check = report["check"]
     assert check["ok"] is False

@@ -33,6 +33,8 @@ import grpc
 import numpy as np
 import pytest
 
+from conftest import tail
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 PROTO_DIR = REPO_ROOT / "proto"
@@ -44,7 +46,6 @@ GRPC_PYTHON_PLUGIN = "/usr/bin/grpc_python_plugin"
 RPC_TIMEOUT = 10.0
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 15.0
-LOG_TAIL = 12000
 
 
 # ---------------------------------------------------------------------------
@@ -239,18 +240,11 @@ class LogPlugin:
         report = outcome.get_result()
         if report.failed:
             for log in self.persistent + self.logs[self.first_of_test:]:
-                report.sections.append((f"shardcastd stderr ({log})", _tail(log)))
+                report.sections.append((f"shardcastd stderr ({log})", tail(log)))
 
 
 _LOG_PLUGIN = LogPlugin()
 
-
-def _tail(path, limit=LOG_TAIL):
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        return f"<cannot read {path}: {e}>"
-    return data[-limit:].decode("utf-8", errors="replace")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -280,7 +274,7 @@ class Daemon:
         return self
 
     def stderr(self):
-        return _tail(self.log)
+        return tail(self.log)
 
     def describe(self):
         return f"command: {' '.join(self.cmd)}\nstderr:\n{self.stderr()}"
