@@ -31,64 +31,77 @@ absl::Status QueryEngine::CheckBytes(uint64_t bytes) const {
   return absl::OkStatus();
 }
 
-std::shared_ptr<const QueryEngine::DirectShards> QueryEngine::Direct(
+bool QueryEngine::ShardFiles::Cached(int64_t s, uint64_t offset,
+                                     uint64_t length) const {
+  const size_t i = static_cast<size_t>(s);
+  return s >= 0 && i < residency.size() && residency[i] != nullptr &&
+         residency[i]->Cached(offset, length);
+}
+
+std::shared_ptr<const QueryEngine::ShardFiles> QueryEngine::Files(
     const std::shared_ptr<const DatasetReader>& reader) const {
-  if (reader->desc().vector_bytes() % Payload::kAlign != 0) return nullptr;
-  MutexLock lock(&direct_mu_);
+  MutexLock lock(&files_mu_);
   // Drop what readers the catalog has let go of left behind (a few
   // datasets: cheaper than the call's first probe).
-  for (auto e = direct_shards_.begin(); e != direct_shards_.end();) {
-    e = e->second.reader.expired() ? direct_shards_.erase(e) : std::next(e);
+  for (auto e = files_.begin(); e != files_.end();) {
+    e = e->second.reader.expired() ? files_.erase(e) : std::next(e);
   }
-  auto it = direct_shards_.find(reader.get());
-  if (it != direct_shards_.end()) return it->second.shards;
-  std::shared_ptr<const DirectShards> made = MakeDirect(*reader);
-  direct_shards_[reader.get()] = DirectEntry{reader, made};
+  auto it = files_.find(reader.get());
+  if (it != files_.end()) return it->second.files;
+  std::shared_ptr<const ShardFiles> made = MakeFiles(*reader);
+  files_[reader.get()] = FilesEntry{reader, made};
   return made;
 }
 
-std::shared_ptr<const QueryEngine::DirectShards> QueryEngine::MakeDirect(
+std::shared_ptr<const QueryEngine::ShardFiles> QueryEngine::MakeFiles(
     const DatasetReader& r) {
   const DatasetDesc& d = r.desc();
-  auto shards = std::make_shared<DirectShards>();
+  auto files = std::make_shared<ShardFiles>();
   const size_t n = d.shards.size();
-  shards->fds.resize(n);
-  shards->residency.resize(n);
-  absl::Status why;
-  for (size_t s = 0; s < n && why.ok(); ++s) {
+  files->residency.resize(n);
+  // O_DIRECT reads land at row * vector bytes of a 4 KiB-aligned result.
+  const bool aligned = d.vector_bytes() % Payload::kAlign == 0;
+  if (aligned) files->direct.resize(n);
+  absl::Status no_direct;
+  // Without residency a cold vector cannot be told from a cached one
+  // before it is read: every read goes through the page cache.
+  const auto unknown = [&r](const absl::Status& why) {
+    LogInfo("queries of ", r.info().dir_name,
+            " read every vector through the page cache (", why.message(), ")");
+    return nullptr;
+  };
+  for (size_t s = 0; s < n; ++s) {
     const int fd = r.shard_fd(static_cast<int64_t>(s));
     if (fd < 0) continue;
     const std::string& path = r.shard_path(static_cast<int64_t>(s));
     struct stat st;
     if (::fstat(fd, &st) != 0) {
-      why = ErrnoToStatus(errno, absl::StrCat("fstat of ", path));
-      break;
+      return unknown(ErrnoToStatus(errno, absl::StrCat("fstat of ", path)));
     }
     if (st.st_size == 0) continue;
     absl::StatusOr<std::unique_ptr<PageResidency>> residency =
         PageResidency::Open(fd, static_cast<uint64_t>(st.st_size), path);
-    // The same inode as the catalog's descriptor (a file replaced
-    // on disk since is not picked up).
+    if (!residency.ok()) return unknown(residency.status());
+    files->residency[s] = std::move(*residency);
+    if (!aligned || !no_direct.ok()) continue;
+    // The same inode as the catalog's descriptor (a file replaced on disk
+    // since is not picked up).
     absl::StatusOr<UniqueFd> direct =
-        residency.ok()
-            ? OpenFile(absl::StrCat("/proc/self/fd/", fd), O_RDONLY | O_DIRECT)
-            : absl::StatusOr<UniqueFd>(residency.status());
-    if (!direct.ok()) {
-      why = direct.status();
-      break;
+        OpenFile(absl::StrCat("/proc/self/fd/", fd), O_RDONLY | O_DIRECT);
+    if (direct.ok()) {
+      files->direct[s] = std::move(*direct);
+    } else {
+      no_direct = direct.status();
     }
-    shards->residency[s] = std::move(*residency);
-    shards->fds[s] = std::move(*direct);
   }
-  if (!why.ok()) {
+  if (!no_direct.ok()) {
     // EINVAL: a filesystem without O_DIRECT (tmpfs, some FUSE).
     LogInfo("queries of ", r.info().dir_name,
-            " read vectors that are not cached through the page cache "
-            "(",
-            why.message(), ")");
-    return nullptr;
+            " read vectors that are not cached through the page cache (",
+            no_direct.message(), ")");
+    files->direct.clear();
   }
-  return shards;
+  return files;
 }
 
 absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
@@ -155,8 +168,9 @@ absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
   RETURN_IF_ERROR(CheckBytes(static_cast<uint64_t>(n) * d.vector_bytes()));
   // Vectors the page cache does not hold: O_DIRECT into the result (which
   // is 4 KiB-aligned, as is every vector of a 4 KiB multiple in it).
-  std::shared_ptr<const DirectShards> direct =
-      direct_ && cold == ColdReads::kDirect && n > 0 ? Direct(reader) : nullptr;
+  std::shared_ptr<const ShardFiles> files =
+      direct_ && cold == ColdReads::kDirect && n > 0 ? Files(reader) : nullptr;
+  if (files != nullptr && files->direct.empty()) files = nullptr;
   // Validate every coordinate before reading anything.
   ops->clear();
   ops->reserve(static_cast<size_t>(n));
@@ -178,17 +192,17 @@ absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
     }
     ReadOp op = ReadOp::Into(*range, nullptr);
     const size_t s = static_cast<size_t>(range->shard);
-    if (direct != nullptr && hits < kTrust && s < direct->fds.size() &&
-        direct->fds[s].valid() && op.offset % Payload::kAlign == 0 &&
+    if (files != nullptr && hits < kTrust && s < files->direct.size() &&
+        files->direct[s].valid() && op.offset % Payload::kAlign == 0 &&
         op.length % Payload::kAlign == 0) {
       if (misses < kTrust &&
-          direct->residency[s]->Cached(op.offset, op.length)) {
+          files->Cached(range->shard, op.offset, op.length)) {
         ++hits;
         misses = 0;
       } else {
         hits = 0;
         ++misses;
-        op.fd = direct->fds[s].get();
+        op.fd = files->direct[s].get();
         *direct_bytes += op.length;
       }
     }
@@ -248,6 +262,37 @@ std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
     absl::string_view dataset, const std::vector<Coord>& coords,
     size_t max_vectors) const {
   if (coords.size() > max_vectors) return std::nullopt;
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  // Asked without I/O where the kernel tells: an RWF_NOWAIT read that
+  // misses starts the read, which may complete before the check (a cold
+  // call then answered here, the device read on the caller's thread). A
+  // bad coordinate anywhere is refused below, by the planning, cached or
+  // not.
+  if (std::shared_ptr<const ShardFiles> files = Files(reader)) {
+    std::optional<FileRange> missing;  // the first vector not cached
+    for (const Coord& c : coords) {
+      absl::StatusOr<FileRange> range =
+          reader->VectorRange(c.example, c.layer, c.token);
+      if (!range.ok()) {
+        missing.reset();
+        break;
+      }
+      if (!missing.has_value() &&
+          !files->Cached(range->shard, range->offset, range->length)) {
+        missing = *range;
+      }
+    }
+    if (missing.has_value()) {
+      // The worker that reads the call finds this vector's read under way
+      // (the hop to it costs about as long as the read here): only the
+      // vector's own pages, with no read-ahead around them.
+      ::posix_fadvise(reader->shard_fd(missing->shard),
+                      static_cast<off_t>(missing->offset),
+                      static_cast<off_t>(missing->length), POSIX_FADV_WILLNEED);
+      return std::nullopt;
+    }
+  }
   std::vector<ReadOp> ops;
   uint64_t direct_bytes = 0;
   absl::StatusOr<VectorsResult> r =
@@ -255,9 +300,10 @@ std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
   if (!r.ok()) return r;  // the request's errors need no disk
   for (const ReadOp& op : ops) {
     struct iovec iov = {op.dest, op.length};
-    // RWF_NOWAIT: EAGAIN instead of waiting for the device; a short read
-    // (part of the range cached) or any error is left to GetVectors, which
-    // reads (and reports) it properly.
+    // RWF_NOWAIT: EAGAIN instead of waiting for the device (a page evicted
+    // since it was asked about, or no residency to ask); a short read (part
+    // of the range cached) or any error is left to GetVectors, which reads
+    // (and reports) it properly.
     const ssize_t got =
         ::preadv2(op.fd, &iov, 1, static_cast<off_t>(op.offset), RWF_NOWAIT);
     if (got < 0 || static_cast<size_t>(got) != op.length) return std::nullopt;

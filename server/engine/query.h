@@ -78,9 +78,10 @@ enum class ColdReads {
   /// page-cache insertion, about 1 us of CPU per 4 KiB read instead of 5-7
   /// (tests/bench/RESULTS.md). Cached vectors still come from the cache.
   kDirect,
-  /// Through the page cache, like cached ones: for a call one of whose
-  /// vectors is already being read into it (GetVectorsIfCached starts the
-  /// read of the first vector it misses; O_DIRECT would read it twice).
+  /// Through the page cache, like cached ones: for calls whose vectors are
+  /// worth keeping there, or one of whose vectors is already being read
+  /// into it (GetVectorsIfCached starts the read of the first vector it
+  /// misses; O_DIRECT would read it twice).
   kPageCache,
 };
 
@@ -117,9 +118,12 @@ class QueryEngine {
       ColdReads cold = ColdReads::kDirect) const;
   /// GetVectors without waiting for the disk, for callers that must not
   /// block (a gRPC callback thread): the result when every vector is in the
-  /// page cache (preadv2 RWF_NOWAIT) or the request is refused before any
-  /// read; nullopt when a vector is not cached, or for more than
-  /// `max_vectors` (call GetVectors on a worker then).
+  /// page cache or the request is refused before any read; nullopt when a
+  /// vector is not cached, or for more than `max_vectors` (call GetVectors
+  /// on a worker then). Residency is asked without I/O (mincore) where the
+  /// kernel reports it to the daemon; the reads use preadv2 RWF_NOWAIT, all
+  /// there is to go by elsewhere. Either way the first vector found missing
+  /// has its read started (see ColdReads::kPageCache).
   std::optional<absl::StatusOr<VectorsResult>> GetVectorsIfCached(
       absl::string_view dataset, const std::vector<Coord>& coords,
       size_t max_vectors) const;
@@ -191,32 +195,36 @@ class QueryEngine {
                                             std::vector<ReadOp>* ops,
                                             uint64_t* direct_bytes) const;
 
-  // The O_DIRECT side of one dataset's reads, per shard (index = shard): a
-  // descriptor opened with O_DIRECT and the shard's page-cache residency.
-  // Made on first use and kept while the catalog's reader lives (its maps
-  // and descriptors would keep a deleted dataset's files on the disk);
-  // null where the dataset cannot be read that way.
-  struct DirectShards {
-    std::vector<UniqueFd> fds;
-    std::vector<std::unique_ptr<PageResidency>> residency;
+  // What the query path keeps of one dataset's shards beyond the catalog's
+  // descriptors, per shard (index = shard): the page-cache residency of
+  // each (mincore, no I/O), and where the dataset's vectors can be read
+  // with O_DIRECT, a descriptor opened that way. Made on first use and kept
+  // while the catalog's reader lives (its maps and descriptors would keep a
+  // deleted dataset's files on the disk); null where the kernel would not
+  // tell this process the truth about residency (PageResidency::Open).
+  struct ShardFiles {
+    std::vector<std::unique_ptr<PageResidency>> residency;  // null: empty
+    std::vector<UniqueFd> direct;  // none where O_DIRECT cannot be used
+    // Whether the `length` bytes at `offset` of shard `s` are all cached.
+    bool Cached(int64_t s, uint64_t offset, uint64_t length) const;
   };
-  std::shared_ptr<const DirectShards> Direct(
+  std::shared_ptr<const ShardFiles> Files(
       const std::shared_ptr<const DatasetReader>& reader) const
-      ABSL_LOCKS_EXCLUDED(direct_mu_);
-  static std::shared_ptr<const DirectShards> MakeDirect(const DatasetReader& r);
+      ABSL_LOCKS_EXCLUDED(files_mu_);
+  static std::shared_ptr<const ShardFiles> MakeFiles(const DatasetReader& r);
 
   const Catalog* catalog_;
   const QueryLimits limits_;
   const bool direct_;
   mutable std::atomic<uint64_t> bytes_read_{0};
   mutable std::atomic<uint64_t> direct_bytes_read_{0};
-  struct DirectEntry {
+  struct FilesEntry {
     std::weak_ptr<const DatasetReader> reader;
-    std::shared_ptr<const DirectShards> shards;
+    std::shared_ptr<const ShardFiles> files;
   };
-  mutable Mutex direct_mu_;
-  mutable std::map<const DatasetReader*, DirectEntry> direct_shards_
-      ABSL_GUARDED_BY(direct_mu_);
+  mutable Mutex files_mu_;
+  mutable std::map<const DatasetReader*, FilesEntry> files_
+      ABSL_GUARDED_BY(files_mu_);
   /// samples.json indexes, made on first use.
   mutable OncePerDataset<std::shared_ptr<const SampleIndex>> samples_;
 };

@@ -22,9 +22,10 @@ inline constexpr char kQueryMethodPrefix[] = "/shardcast.v1.Query/";
 inline constexpr size_t kInlineMaxVectors = 64;
 
 /// How a GetVectors of `n` vectors that was not served inline reads the
-/// vectors the page cache lacks. A call the inline attempt tried has
-/// already started its first miss's read into the page cache: the rest go
-/// through the cache too; larger calls read their misses with O_DIRECT.
+/// vectors the page cache lacks. Calls small enough for the inline attempt
+/// go through the cache: visualisers repeat them, and the attempt has
+/// started its first miss's read into the cache. Larger calls read their
+/// misses with O_DIRECT.
 inline ColdReads ColdReadsFor(size_t n) {
   return n > kInlineMaxVectors ? ColdReads::kDirect : ColdReads::kPageCache;
 }
