@@ -393,6 +393,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         absl::StrJoin({options.unix_socket, options.tcp_address}, " / "),
         " (address in use or not permitted?)"));
   }
+  // The admin endpoint is up (and its port logged) before the health
+  // service says SERVING: whoever waits for that can scrape /metrics next.
+  // Until then /healthz says not serving.
+  if (!options.http_address.empty()) {
+    ASSIGN_OR_RETURN(
+        d->http,
+        HttpAdmin::Start(options.http_address, d->engine.get(), &d->metrics,
+                         d->shm.get(), d->local.get(), &d->serving));
+  }
   // Calls are answered from here on (TCP already, the Unix socket below):
   // "serving" before the first can arrive, or the router would refuse it as
   // if the daemon were shutting down.
@@ -407,12 +416,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
             options.tls_cert_file.empty()        ? " (no TLS)"
             : options.tls_client_ca_file.empty() ? " (TLS)"
                                                  : " (mutual TLS)");
-  }
-  if (!options.http_address.empty()) {
-    ASSIGN_OR_RETURN(
-        d->http,
-        HttpAdmin::Start(options.http_address, d->engine.get(), &d->metrics,
-                         d->shm.get(), d->local.get(), &d->serving));
   }
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
