@@ -199,16 +199,27 @@ def sockdir():
 
 @pytest.fixture
 def start_daemon(request, sockdir, tmp_path, datasets):
-    """start_daemon(*flags, roots=[...]) -> a ready Daemon (SMALL_DAEMON flags
-    first, so later ones win). Every daemon is stopped with SIGTERM when the
-    test ends; a non-zero exit or a sanitizer report fails the test."""
+    """start_daemon(*flags, roots=[...], user=None) -> a ready Daemon
+    (SMALL_DAEMON flags first, so later ones win). `user` (a pwd entry; needs
+    root) runs it as that user, without capabilities, its socket in a
+    directory of its own. Every daemon is stopped with SIGTERM when the test
+    ends; a non-zero exit or a sanitizer report fails the test."""
     started = []
+    rundirs = []
 
-    def start(*extra, roots=None, small=True):
+    def start(*extra, roots=None, small=True, user=None):
         n = len(started)
-        d = Daemon(roots or [datasets.root], sockdir / f"{os.getpid()}-{n}.sock",
-                   tmp_path / f"shardcastd-{n}.log",
+        sock = sockdir / f"{os.getpid()}-{n}.sock"
+        if user is not None:
+            run = Path(tempfile.mkdtemp(prefix="scusr-", dir="/tmp"))
+            rundirs.append(run)
+            os.chown(run, user.pw_uid, user.pw_gid)
+            sock = run / "d.sock"
+        d = Daemon(roots or [datasets.root], sock, tmp_path / f"shardcastd-{n}.log",
                    (SMALL_DAEMON if small else ()) + tuple(extra))
+        if user is not None:
+            d.cmd = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                     "--clear-groups", "--"] + d.cmd
         _LOG_PLUGIN.logs[request.node.nodeid].append(str(d.log))
         started.append(d)
         d.start().wait_ready()
@@ -241,6 +252,8 @@ def start_daemon(request, sockdir, tmp_path, datasets):
                 problems.append(f"{marker} in the log of {d.sock.name}")
         if rc != 0:
             problems.append(f"shardcastd {d.sock.name}: SIGTERM -> exit {rc}, expected 0")
+    for run in rundirs:
+        shutil.rmtree(run, ignore_errors=True)
     assert not problems, "\n".join(problems)
 
 

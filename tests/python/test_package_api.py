@@ -10,6 +10,7 @@ package or the daemon.
 
 import functools
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +25,8 @@ import pytest
 from package_fixtures import (CLIENT_DIR, REPO_ROOT, SHARDCAST_BIN,  # noqa: F401
                               Reference, array_address, assert_exact_epoch,
                               datasets, in_memfd_mapping, memfd_mappings,
-                              package_logs, ref, sockdir, start_daemon, wait_for)
+                              package_logs, ref, sockdir, start_daemon, synth,
+                              wait_for)
 
 import shardcast
 from shardcast.v1 import shardcast_pb2 as pb
@@ -360,6 +362,71 @@ def test_cached_get_vectors_are_answered_inline_and_cold_ones_by_a_worker(
                 client.get_vectors(r.id, coords[:2] + bad)
             assert e.value.code in ("OUT_OF_RANGE", "INVALID_ARGUMENT"), e.value
             assert "coordinates[2]" in str(e.value), e.value
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_a_daemon_the_kernel_hides_residency_from_reads_through_the_cache(
+        start_daemon, datasets):
+    """mincore() reports every page of a file as cached to a process that
+    neither owns it, may write it, nor has CAP_FOWNER: here `nobody` serving
+    root's 4 KiB-vector dataset. That daemon cannot tell cold vectors from
+    cached ones without reading, so its queries read nothing with O_DIRECT
+    (root's daemon over the same files does) and its inline answers and the
+    scan's cache probe fall back to RWF_NOWAIT reads. Its results are still
+    numpy's: GetVectors cold and cached (the cached call answered inline),
+    and one shuffled epoch exactly."""
+    import pwd
+    from sysprobe import evict, metric_samples
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user `nobody`")
+    root = Path(tempfile.mkdtemp(prefix="scnobody-", dir="/tmp"))
+    try:
+        os.chmod(root, 0o755)  # files root's (0644), readable by nobody
+        r = Reference(synth(root, "--layers", "2,5", "--tokens", 8, "--cls",
+                            "--d-model", 1024, "--examples", 24, "--budget", 200,
+                            "--seed", 11))
+        files = sorted(str(p) for p in r.path.glob("acts*.bin"))
+        assert len(files) >= 2 and all(os.stat(f).st_uid == 0 for f in files)
+        rng = np.random.default_rng(9)
+        coords = [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+                   int(rng.integers(r.T))) for _ in range(80)]  # > inline's 64
+        want = np.stack([r.vector(*c) for c in coords])
+
+        def direct_bytes(port):
+            return metric_samples(port)["shardcast_query_direct_read_bytes_total"]
+
+        as_root = start_daemon("--http", "127.0.0.1:0", *ALONE, roots=[root])
+        as_nobody = start_daemon("--http", "127.0.0.1:0", *ALONE, roots=[root],
+                                 user=nobody)
+        uids = [line.split()[1:3] for line in
+                Path(f"/proc/{as_nobody.pid}/status").read_text().splitlines()
+                if line.startswith("Uid:")]
+        assert uids == [[str(nobody.pw_uid)] * 2], uids
+        for d, direct in ((as_root, True), (as_nobody, False)):
+            port = _http_port(d)
+            with shardcast.Client(d.address, local_queries=False) as client:
+                evict(files)
+                ref.assert_f32_equal(client.get_vectors(r.id, coords), want, "cold")
+                assert (direct_bytes(port) > 0) is direct, d.describe()
+                for f in files:  # all cached
+                    Path(f).read_bytes()
+                inline = metric_samples(port)["shardcast_queries_inline_total"]
+                ref.assert_f32_equal(client.get_vectors(r.id, coords[:8]), want[:8],
+                                     "cached")
+                assert metric_samples(port)["shardcast_queries_inline_total"] == \
+                    inline + 1, d.describe()
+        log = as_nobody.log.read_text()
+        assert "read every vector through the page cache" in log, as_nobody.describe()
+        evict(files)
+        with shardcast.Client(as_nobody.address) as client:
+            with client.stream(r.id, layer=None, tokens="content", order="shuffled",
+                               batch_size=97, seed=5, epochs=1) as stream:
+                rows = [row for b in stream for row in r.batch_rows(b, None)]
+        assert_exact_epoch(rows, r.selection(None, "content"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, datasets):
