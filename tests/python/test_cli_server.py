@@ -8,7 +8,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import saev_reference as ref

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -681,8 +680,8 @@ def test_bench_with_fio_on_the_same_files(cli, served):
     # Each time's reference is the faster of buffered psync and O_DIRECT
     # io_uring (null when the files refuse O_DIRECT).
     assert len(fio["buffered"]) == 2 and len(fio["direct"]) == 2
-    for ref, buffered, direct in zip(fio["bytes_per_second"], fio["buffered"], fio["direct"]):
-        assert buffered > 0 and ref == pytest.approx(max(buffered, direct or 0))
+    for best, buffered, direct in zip(fio["bytes_per_second"], fio["buffered"], fio["direct"]):
+        assert buffered > 0 and best == pytest.approx(max(buffered, direct or 0))
     assert len(report["ratio_vs_fio"]) == 2
     for c, ratio in zip(report["clients"], report["ratio_vs_fio"]):
         assert ratio == pytest.approx(c["bytes_per_second"] / fio["mean"])

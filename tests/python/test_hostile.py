@@ -352,7 +352,6 @@ def test_slow_http_connections_do_not_starve_healthz(tmp_path):
 
 
 def start_fails(tmp_path, sock_dir, expect):
-    log = tmp_path / "refused.log"
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
     proc = subprocess.run([str(SHARDCASTD_BIN), "--root", str(root), "--listen",

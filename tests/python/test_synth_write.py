@@ -275,6 +275,7 @@ def test_write_round_trip(cli, tmp_path):
     other = tmp_path / "other.npy"
     np.save(other, acts + np.float32(1))
     proc = cli.fails("write", root, "--from", other, *common)
+    assert "holds different bytes" in proc.err and "left untouched" in proc.err, proc.err
     ref.assert_f32_equal(ref.load_all(path), acts, "existing dataset after conflict")
     assert [x for x in os.listdir(root) if HEX64.match(x)] == [out["hash"]]
 

@@ -12,7 +12,6 @@ nothing per byte and would have to be built for every Python a cluster runs.
 import json
 import os
 import queue
-import threading
 import types
 
 import grpc
