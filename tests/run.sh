@@ -57,8 +57,12 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
 export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp:second_deadlock_stack=1"
 
+# Where the time went, one entry per phase, printed before the result
+# (CI's whole run should stay under 30 minutes).
+timings=()
 if [[ "${SHARDCAST_SKIP_DEPS:-0}" != 1 ]]; then
   bash deploy/install-deps.sh
+  timings+=("dependencies ${SECONDS} s")
 fi
 
 passed=0
@@ -70,6 +74,7 @@ rc=0
 ctest_phase() {
   local dir="$1" san="$2"
   shift 2
+  local start=$SECONDS
   echo "== ${dir}: build${san:+ with -fsanitize=$san} and test $*"
   # Line tables only (-g1): backtraces and ASan reports keep file:line and
   # every compile is ~50 % faster than with -g (stream_reactor.cc: 6.3 s vs
@@ -110,10 +115,12 @@ ctest_phase() {
     failed=$((failed + 1)); rc=1
     return
   fi
+  local built=$SECONDS
   set +e
   ctest --test-dir "$dir" --output-on-failure -j2 "$@" 2>&1 | tee "$dir/ctest.log"
   local code=${PIPESTATUS[0]}
   set -e
+  timings+=("${dir} build $((built - start)) s, tests $((SECONDS - built)) s")
   local summary
   summary=$(grep -E "tests passed, [0-9]+ tests? failed out of [0-9]+" "$dir/ctest.log" | tail -1 || true)
   if [[ -z "$summary" ]]; then
@@ -131,6 +138,7 @@ ctest_phase() {
 # The clang build: every target, warnings of the thread-safety analysis as
 # errors. Only its success counts; nothing of it is run.
 clang_phase() {
+  local start=$SECONDS
   echo "== clang -Wthread-safety -Werror build (build-clang/)"
   if cmake -S . -B build-clang -DCMAKE_CXX_COMPILER=clang++ \
        -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
@@ -142,16 +150,19 @@ clang_phase() {
     failed=$((failed + 1))
     echo "clang thread-safety build: FAILED (see the errors above)"
   fi
+  timings+=("build-clang $((SECONDS - start)) s")
 }
 
 # Every fuzzer for `fuzz` seconds on its corpus: one test each.
 # (In build-asan/: after the ASan phase there is nothing left to build.)
 fuzz_phase() {
+  local start=$SECONDS
   mkdir -p build-asan
   set +e
   bash tests/fuzz/run.sh "$fuzz" 2>&1 | tee build-asan/fuzz-run.log
   local code=${PIPESTATUS[0]}
   set -e
+  timings+=("fuzzers $((SECONDS - start)) s")
   local ok bad
   ok=$(grep -cE "^fuzz [a-z_]+: ok" build-asan/fuzz-run.log || true)
   bad=$(grep -cE "^fuzz [a-z_]+: (FAILED|CRASH|LEAK|TIMEOUT|OOM)" build-asan/fuzz-run.log || true)
@@ -172,5 +183,8 @@ if [[ $ci == 1 ]]; then
   ctest_phase build-tsan thread -L "unit|integration"
 fi
 if [[ $fuzz -gt 0 ]]; then fuzz_phase; fi
+timings+=("all $SECONDS s")
+printf -v took '%s; ' "${timings[@]}"
+echo "== time: ${took%; }"
 echo "${passed} passed, ${failed} failed"
 if [[ $rc -ne 0 || $failed -ne 0 ]]; then exit 1; fi
