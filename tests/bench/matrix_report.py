@@ -5,6 +5,7 @@ against the same-run references with issue 11's targets, and writes the
 figures as JSON and a PNG (tests/bench/plot_png.py)."""
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -89,7 +90,18 @@ def client_ns_per_byte(clients):
     return statistics.mean(xs) if xs else None
 
 
-def cpu_rows(out, trainers, repeat):
+def runs(out, prefix):
+    """The run numbers r of the files PREFIX-r.json in `out`, in order (the
+    warm step runs REPEAT pairs per row, WARM1_REPEAT for one trainer)."""
+    found = []
+    for p in glob.glob(os.path.join(glob.escape(out), f"{prefix}-*.json")):
+        tail = os.path.basename(p)[len(prefix) + 1:-len(".json")]
+        if tail.isdigit():
+            found.append(int(tail))
+    return sorted(found)
+
+
+def cpu_rows(out, trainers):
     """CPU ns per byte delivered, serving side and receiving side, median over
     the runs: the daemon (shardcast bench --daemon-pid) against the bare
     loop's server (grpc_stream_bench --fork), from one buffer and from 1 GiB.
@@ -101,7 +113,7 @@ def cpu_rows(out, trainers, repeat):
                                  (f"bare-{n}", "server_cpu_ns_per_byte"),
                                  (f"bare-mem-{n}", "server_cpu_ns_per_byte")):
             srv, cli = [], []
-            for r in range(1, repeat + 1):
+            for r in runs(out, f"warm-grpc-{n}"):
                 p = os.path.join(out, f"{name}-{r}.json")
                 if not finished(p):
                     continue
@@ -118,11 +130,11 @@ def cpu_rows(out, trainers, repeat):
     return rows
 
 
-def warm_rows(out, trainers, repeat):
+def warm_rows(out, trainers):
     rows, ours, bare = [], [], []
     for n in trainers:
         ratios, mem_ratios, o, b = [], [], [], []
-        for r in range(1, repeat + 1):
+        for r in runs(out, f"warm-grpc-{n}"):
             jp = os.path.join(out, f"warm-grpc-{n}-{r}.json")
             bp = os.path.join(out, f"bare-{n}-{r}.json")
             mp = os.path.join(out, f"bare-mem-{n}-{r}.json")
@@ -140,8 +152,8 @@ def warm_rows(out, trainers, repeat):
         med = statistics.median(ratios)
         mem_med = statistics.median(mem_ratios) if mem_ratios else None
         rows.append((n, statistics.median(o) / MB, statistics.median(b) / MB, med,
-                     " / ".join(f"{x:.2f}" for x in ratios), verdict(med >= 0.8),
-                     mem_med))
+                     f"{len(ratios)}: " + " / ".join(f"{x:.2f}" for x in ratios),
+                     verdict(med >= 0.8), mem_med))
         ours.append([n, statistics.median(o) / MB])
         bare.append([n, statistics.median(b) / MB])
     shm = []
@@ -255,7 +267,7 @@ def main():
     trainers = [int(x) for x in a.trainers.split()]
 
     cold, cold_series, fio_points = cold_rows(a.out, trainers)
-    warm, ours, bare, shm = warm_rows(a.out, trainers, a.repeat)
+    warm, ours, bare, shm = warm_rows(a.out, trainers)
     query, rts = query_rows(a.out, a.query, a.repeat)
 
     print()
@@ -264,11 +276,11 @@ def main():
     for r in cold:
         print(f"| {r[0]} | {r[1]} | {r[2]:,.0f} | {r[3]:,.0f} | {r[4]:.2f} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]} |")
     print()
-    print(f"| warm, gRPC messages | MB/s per trainer (median) | bare gRPC loop MB/s per client (median) | ratio (median of {a.repeat}) | runs | >= 0.8 | ratio vs bare from a 1 GiB source |")
+    print("| warm, gRPC messages | MB/s per trainer (median) | bare gRPC loop MB/s per client (median) | ratio (median of the runs) | runs (how many: ratios) | >= 0.8 | ratio vs bare from a 1 GiB source |")
     print("|---:|---:|---:|---:|---|---|---:|")
     for r in warm:
         print(f"| {r[0]} trainer(s) | {r[1]:,.0f} | {r[2]:,.0f} | {r[3]:.2f} | {r[4]} | {r[5]} | {'-' if r[6] is None else format(r[6], '.2f')} |")
-    cpu = cpu_rows(a.out, trainers, a.repeat)
+    cpu = cpu_rows(a.out, trainers)
     if cpu:
         def ns(x):
             return "-" if x is None else f"{x:.3f}"

@@ -11,7 +11,8 @@
 #     (4, 8), read <= 1.05 x selected.
 #   warm streams over gRPC messages (--no-shared-memory), 1 / 4 / 8 trainers,
 #     against the bare gRPC loop (grpc_stream_bench, same message size, same
-#     client settings), REPEAT alternating runs each, the median ratio; also
+#     client settings), REPEAT alternating runs each (WARM1_REPEAT for one
+#     trainer), the median ratio; also
 #     against the same loop sending from a 1 GiB source (--source-bytes),
 #     whose bytes come from memory rather than the CPU's caches.
 #     Target >= 0.8. Each trainer streams at least 2.7 GB (one epoch of
@@ -30,7 +31,7 @@
 # writes $BENCH_DIR/matrix/{matrix.json,matrix.png} (plot: throughput per
 # trainer against trainers, cold and warm, with fio and the bare loop).
 #
-#   bash tests/bench/run_matrix.sh        # from the repo root; ~10 minutes
+#   bash tests/bench/run_matrix.sh        # from the repo root; ~20 minutes
 #
 # Environment: BUILD_DIR (build/), BENCH_DIR (/tmp/shardcast-bench),
 # EXAMPLES (2560: 5.1 GiB per dataset, 2.7 GB selected by one layer of 2;
@@ -39,7 +40,10 @@
 # measured, and 8 trainers started on 2 cores do not overlap), TRAINERS ("1 4 8"), REPEAT (3),
 # STEPS ("cold warm query"; a subset re-runs those steps and reports with the
 # other steps' results of the last run), COLD_ROWS (all; else a list of
-# selection:trainers rows, e.g. "l1of2:1 l1of2-alltok:8"), PY (/usr/bin/python3, else the
+# selection:trainers rows, e.g. "l1of2:1 l1of2-alltok:8"), WARM1_REPEAT (7: pairs
+# of runs of the one-trainer warm row; its runs last ~4 s, and on the 2-core
+# VM one binary's runs swing by +-30 %, so three pairs' median missed 0.8
+# twice where seven gave 0.87), PY (/usr/bin/python3, else the
 # python3 on PATH; the report needs only the standard library). Needs fio and vmtouch
 # (bash deploy/install-deps.sh) and the bench binaries (query_bench,
 # grpc_stream_bench; built with the project).
@@ -57,6 +61,7 @@ WARM_EPOCHS=${WARM_EPOCHS:-$(( (3 * 2560 + EXAMPLES - 1) / EXAMPLES ))}
 BARE_MESSAGES=$(( WARM_EPOCHS * EXAMPLES / 16 ))
 TRAINERS=${TRAINERS:-1 4 8}
 REPEAT=${REPEAT:-3}
+WARM1_REPEAT=${WARM1_REPEAT:-7}
 STEPS=${STEPS:-cold warm query}
 SC=$BUILD_DIR/shardcast
 SCD=$BUILD_DIR/shardcastd
@@ -145,8 +150,12 @@ if has warm; then
 rm -f "$M/vmtouch.pid"
 vmtouch -tqdlw -P "$M/vmtouch.pid" "$DS2"/acts*.bin
 LOCK=$(cat "$M/vmtouch.pid")
+# The report takes every run it finds: none of an earlier warm step's.
+rm -f "$OUT"/warm-grpc-* "$OUT"/bare-* "$OUT"/warm-shm-*
 for n in $TRAINERS; do
-  for r in $(seq "$REPEAT"); do
+  runs=$REPEAT
+  [[ $n == 1 ]] && runs=$WARM1_REPEAT
+  for r in $(seq "$runs"); do
     echo "== warm gRPC, $n trainer(s), run $r"
     bench "warm-grpc-$n-$r" "$DS2" "$n" --no-shared-memory --layer 12 --tokens content --epochs "$WARM_EPOCHS"
     "$BARE" --socket "$M/bare.sock" --message-bytes $((4096 * 4096)) --messages "$BARE_MESSAGES" \
