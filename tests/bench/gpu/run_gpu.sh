@@ -12,7 +12,8 @@
 #   bash tests/bench/gpu/run_gpu.sh cold     # issue 11, ~6 min: run_matrix.sh STEPS=cold
 #   bash tests/bench/gpu/run_gpu.sh warm     # issue 11, ~4 min: STEPS="warm query"
 #   bash tests/bench/gpu/run_gpu.sh all      # feed, warm, cold in one call, each under its own
-#        limit (FEED_S 150, WARM_S 240, COLD_S 170 seconds; MAX_S 10, REPEAT 1 unless set), for a lease
+#        limit (FEED_S 150, WARM_S 240, COLD_S 170 seconds; MAX_S 10, REPEAT 1 and
+#        WARM1_REPEAT = REPEAT unless set), for a lease
 #        too short for three machines; $OUT/gpu.tar.gz holds every phase's files (remade
 #        after each phase, so a phase cut off at its limit leaves the others' results);
 #        PHASES picks and orders them. The matrix's datasets are EXAMPLES (2560) examples
@@ -45,6 +46,9 @@ mkdir -p "$W"
 if [[ $PHASE == all ]]; then
   FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
   export OUT=$(mktemp -d "$W/out.XXXXXX") MAX_S=${MAX_S:-10} REPEAT=${REPEAT:-1}
+  # The one-trainer warm row takes REPEAT pairs too (run_matrix.sh gives it
+  # 7 against the 2-core VM's swings): a lease has no time for more.
+  export WARM1_REPEAT=${WARM1_REPEAT:-$REPEAT}
   rc=0
   declare -A LIMIT=([feed]=${FEED_S:-150} [warm]=${WARM_S:-240} [cold]=${COLD_S:-170})
   for ph in ${PHASES:-feed warm cold}; do
