@@ -106,15 +106,15 @@ std::shared_ptr<const QueryEngine::ShardFiles> QueryEngine::MakeFiles(
 
 absl::StatusOr<VectorsResult> QueryEngine::PlanVectors(
     absl::string_view dataset, const std::vector<Coord>& coords, ColdReads cold,
-    std::vector<ReadOp>* ops, uint64_t* direct_bytes) const {
+    VectorReads* reads) const {
   VectorsResult r;
-  ASSIGN_OR_RETURN(r.shape, PlanVectorReads(
-                                dataset, coords, cold,
-                                [&r](uint64_t bytes) -> absl::StatusOr<char*> {
-                                  r.data = Payload(static_cast<size_t>(bytes));
-                                  return r.data.data();
-                                },
-                                ops, direct_bytes));
+  ASSIGN_OR_RETURN(
+      *reads, PlanVectorReads(dataset, coords, cold,
+                              [&r](uint64_t bytes) -> absl::StatusOr<char*> {
+                                r.data = Payload(static_cast<size_t>(bytes));
+                                return r.data.data();
+                              }));
+  r.shape = reads->shape;
   return r;
 }
 
@@ -156,10 +156,9 @@ absl::StatusOr<std::vector<UniqueFd>> QueryEngine::OpenFiles(
   return fds;
 }
 
-absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
+absl::StatusOr<QueryEngine::VectorReads> QueryEngine::PlanVectorReads(
     absl::string_view dataset, const std::vector<Coord>& coords, ColdReads cold,
-    absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,
-    std::vector<ReadOp>* ops, uint64_t* direct_bytes) const {
+    absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   const DatasetDesc& d = reader->desc();
@@ -172,9 +171,8 @@ absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
       direct_ && cold == ColdReads::kDirect && n > 0 ? Files(reader) : nullptr;
   if (files != nullptr && files->direct.empty()) files = nullptr;
   // Validate every coordinate before reading anything.
-  ops->clear();
-  ops->reserve(static_cast<size_t>(n));
-  *direct_bytes = 0;
+  VectorReads plan;
+  plan.ops.reserve(static_cast<size_t>(n));
   // A probe costs ~0.5 us (a system call; 140 us for 256, before the first
   // read goes out). A call shows its kind early: after kTrust cached
   // vectors in a row it is taken for warm and the rest are read through
@@ -203,29 +201,31 @@ absl::StatusOr<std::vector<int64_t>> QueryEngine::PlanVectorReads(
         hits = 0;
         ++misses;
         op.fd = files->direct[s].get();
-        *direct_bytes += op.length;
+        plan.direct_bytes += op.length;
       }
     }
-    ops->push_back(op);
+    plan.ops.push_back(op);
   }
   ASSIGN_OR_RETURN(char* base,
                    dest(static_cast<uint64_t>(n) * d.vector_bytes()));
-  for (size_t i = 0; i < ops->size(); ++i) {
-    (*ops)[i].dest = base + i * d.vector_bytes();
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    plan.ops[i].dest = base + i * d.vector_bytes();
   }
-  return std::vector<int64_t>{n, d.d_model};
+  plan.shape = {n, d.d_model};
+  plan.files = std::make_shared<std::pair<std::shared_ptr<const DatasetReader>,
+                                          std::shared_ptr<const ShardFiles>>>(
+      std::move(reader), std::move(files));
+  return plan;
 }
 
 absl::StatusOr<VectorsResult> QueryEngine::GetVectors(
     absl::string_view dataset, const std::vector<Coord>& coords,
     ColdReads cold) const {
-  std::vector<ReadOp> ops;
-  uint64_t direct_bytes = 0;
-  ASSIGN_OR_RETURN(VectorsResult r,
-                   PlanVectors(dataset, coords, cold, &ops, &direct_bytes));
-  RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
+  VectorReads reads;
+  ASSIGN_OR_RETURN(VectorsResult r, PlanVectors(dataset, coords, cold, &reads));
+  RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(reads.ops));
   bytes_read_ += r.data.size();
-  direct_bytes_read_ += direct_bytes;
+  direct_bytes_read_ += reads.direct_bytes;
   return r;
 }
 
@@ -234,10 +234,9 @@ absl::Status QueryEngine::StreamVectors(
     size_t part_vectors, VectorsResult* result,
     absl::FunctionRef<void(absl::Span<const int64_t>, bool)> part,
     ColdReads cold) const {
-  std::vector<ReadOp> ops;
-  uint64_t direct_bytes = 0;
-  ASSIGN_OR_RETURN(*result,
-                   PlanVectors(dataset, coords, cold, &ops, &direct_bytes));
+  VectorReads reads;
+  ASSIGN_OR_RETURN(*result, PlanVectors(dataset, coords, cold, &reads));
+  const std::vector<ReadOp>& ops = reads.ops;
   if (part_vectors < 1) part_vectors = 1;
   std::vector<int64_t> ready;  // in place, not yet in a part
   ready.reserve(std::min(ops.size(), 2 * part_vectors));
@@ -254,7 +253,7 @@ absl::Status QueryEngine::StreamVectors(
       }));
   part(ready, true);
   bytes_read_ += result->data.size();
-  direct_bytes_read_ += direct_bytes;
+  direct_bytes_read_ += reads.direct_bytes;
   return absl::OkStatus();
 }
 
@@ -293,12 +292,11 @@ std::optional<absl::StatusOr<VectorsResult>> QueryEngine::GetVectorsIfCached(
       return std::nullopt;
     }
   }
-  std::vector<ReadOp> ops;
-  uint64_t direct_bytes = 0;
+  VectorReads reads;
   absl::StatusOr<VectorsResult> r =
-      PlanVectors(dataset, coords, ColdReads::kPageCache, &ops, &direct_bytes);
+      PlanVectors(dataset, coords, ColdReads::kPageCache, &reads);
   if (!r.ok()) return r;  // the request's errors need no disk
-  for (const ReadOp& op : ops) {
+  for (const ReadOp& op : reads.ops) {
     struct iovec iov = {op.dest, op.length};
     // RWF_NOWAIT: EAGAIN instead of waiting for the device (a page evicted
     // since it was asked about, or no residency to ask); a short read (part

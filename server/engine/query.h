@@ -141,17 +141,27 @@ class QueryEngine {
   absl::StatusOr<std::string> GetExampleInfo(absl::string_view dataset,
                                              int64_t example) const;
 
+  /// The reads of one GetVectors call (PlanVectorReads).
+  struct VectorReads {
+    std::vector<int64_t> shape;  // [N, D]
+    std::vector<ReadOp> ops;     // vector i at dest + i * D * 4
+    uint64_t direct_bytes = 0;   // of ops' bytes, read with O_DIRECT
+    /// Keeps the files `ops` name (descriptors, paths) open until the
+    /// reads are done: a rescan may replace the dataset meanwhile, and a
+    /// closed descriptor's number may be reused by another file. Hold it
+    /// as long as `ops`.
+    std::shared_ptr<const void> files;
+  };
   /// For transports that drive their own io_uring (one thread serving many
-  /// calls): validates a GetVectors request as GetVectors does and returns
-  /// its shape [N, D], with the reads that fill it in `ops` (vector i at
-  /// `dest + i * D * 4`, where `dest(bytes)` gives room for the N vectors,
-  /// 4 KiB-aligned, or an error that the call returns). Nothing is read;
-  /// the caller performs `ops` (ApplyReadResult) and then CountReads.
-  /// `*direct_bytes` of them are O_DIRECT reads.
-  absl::StatusOr<std::vector<int64_t>> PlanVectorReads(
+  /// calls): validates a GetVectors request as GetVectors does and plans
+  /// the reads that fill its [N, D] result at `dest(bytes)`, which gives
+  /// room for the N vectors, 4 KiB-aligned, or an error that the call
+  /// returns. Nothing is read; the caller performs `ops` (ApplyReadResult)
+  /// while it holds the plan, and then CountReads.
+  absl::StatusOr<VectorReads> PlanVectorReads(
       absl::string_view dataset, const std::vector<Coord>& coords,
-      ColdReads cold, absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest,
-      std::vector<ReadOp>* ops, uint64_t* direct_bytes) const;
+      ColdReads cold,
+      absl::FunctionRef<absl::StatusOr<char*>(uint64_t)> dest) const;
   /// RESOURCE_EXHAUSTED for a GetVectors of more vectors than a call may
   /// ask (as PlanVectorReads says it): a transport can refuse a request
   /// before it reads the coordinates in.
@@ -186,14 +196,11 @@ class QueryEngine {
  private:
   absl::Status CheckBytes(uint64_t bytes) const;
   // Validates a GetVectors request: its result with room for the vectors,
-  // and the reads (in `ops`) that fill it.
-  // `ops` read vectors missing from the page cache with O_DIRECT where
-  // `cold` and the dataset allow it: `*direct_bytes` of them.
+  // and the reads that fill it.
   absl::StatusOr<VectorsResult> PlanVectors(absl::string_view dataset,
                                             const std::vector<Coord>& coords,
                                             ColdReads cold,
-                                            std::vector<ReadOp>* ops,
-                                            uint64_t* direct_bytes) const;
+                                            VectorReads* reads) const;
 
   // What the query path keeps of one dataset's shards beyond the catalog's
   // descriptors, per shard (index = shard): the page-cache residency of

@@ -328,6 +328,40 @@ TEST_F(QueryEngineReadsTest, ADatasetDeletedFromTheCatalogIsLetGo) {
             absl::StatusCode::kNotFound);
 }
 
+// A transport performs planned reads after PlanVectorReads returned; a
+// rescan meanwhile replaces the dataset's reader, and the old reader's
+// descriptors must stay open until the reads are done (closed, their numbers
+// go to the next files opened, and the reads would fail with EBADF or serve
+// another file's bytes: the soak's "read <garbage>: Bad file descriptor").
+TEST_F(QueryEngineReadsTest, PlannedReadsKeepTheirFilesAcrossARescan) {
+  Write(1024);
+  QueryEngine q(catalog_.get(), QueryLimits{});
+  const bool evicted = EvictAll();  // cold: O_DIRECT descriptors too
+  CacheOne(Coord{5, 7, 0});         // and one read through the cache
+  const std::vector<Coord> all = Every();
+  VectorsResult r;
+  absl::StatusOr<QueryEngine::VectorReads> plan =
+      q.PlanVectorReads(id_, all, ColdReads::kDirect,
+                        [&r](uint64_t bytes) -> absl::StatusOr<char*> {
+                          r.data = Payload(static_cast<size_t>(bytes));
+                          return r.data.data();
+                        });
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  if (evicted) {
+    EXPECT_GT(plan->direct_bytes, 0u);
+  }
+  catalog_->Rescan();  // a new reader; the catalog lets the old one go
+  // Any descriptor the old reader closed is reused by these.
+  std::vector<UniqueFd> others;
+  for (int i = 0; i < 16; ++i) {
+    auto fd = OpenFile("/dev/zero", O_RDONLY);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    others.push_back(std::move(*fd));
+  }
+  ASSERT_TRUE(UringReader::ThisThread().ReadAll(plan->ops).ok());
+  for (size_t i = 0; i < all.size(); ++i) ExpectVector(r, i, all[i]);
+}
+
 TEST_F(QueryEngineReadsTest, ResultsAreAlignedForDirectReads) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{12345}}) {
     Payload p(size);

@@ -482,10 +482,15 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
     std::shared_ptr<Block> block;
     absl::StatusOr<std::unique_ptr<BlockRead>> made =
         MakeRead(b, *slot, &block);
-    if (!made.ok()) {  // a block outside the dataset: a layout bug
-      LogError("scan of ", dataset_, ": block ", b, ": ",
-               made.status().ToString());
-      return nullptr;  // `block` returns the slot
+    if (!made.ok()) {
+      // A mapped shard shorter than the block needs (it shrank before it
+      // was mapped): the block can never be made, so its needers get the
+      // error as for a failed read, instead of the scan asking for it again
+      // forever while they wait.
+      LogWarning("scan of ", dataset_, ": block ", b,
+                 " failed: ", made.status().ToString());
+      FailNeeders(b, made.status());
+      continue;  // `block` returns the slot
     }
     std::unique_ptr<BlockRead> read = std::move(*made);
     ++position_;
@@ -622,6 +627,16 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     }
   }
   return read;
+}
+
+void SharedScan::FailNeeders(int64_t b, const absl::Status& error) {
+  for (auto& [id, s] : subs_) {
+    if (!s.needed.Has(b)) continue;
+    if (s.error.ok()) s.error = error;
+    DropNeeds(s);
+    ClearQueue(s);
+    Wake(s);
+  }
 }
 
 void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,

@@ -334,6 +334,10 @@ class SharedScan final : public BlockSource,
   bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Ends every subscriber that needs block `b` with `error` (a block that
+  /// cannot be read).
+  void FailNeeders(int64_t b, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Unmarks the entries of `s` that are within its lag bound again (its
   /// queue shrank), returning the overflow units nobody else holds.

@@ -5,6 +5,7 @@
 // epoch against the selection computed from the protocol.
 #include "server/engine/shuffled_stream.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -963,6 +964,29 @@ TEST_P(TruncationTest, AShardTruncatedMidStreamIsDataLossNamingTheFile) {
     EXPECT_EQ(Sorted(Epoch(d, e)),
               Sorted(Expected(std::nullopt, TokenSelection::kContent)));
   }
+}
+
+// The catalog validated the dataset; a shard shrank before the scan opened
+// (mapped) it. A mapped scan cannot make the blocks past the cut: their
+// needers end with DATA_LOSS instead of waiting while the scan asks for the
+// same block again and again (the soak's stalled short streams).
+TEST_P(TruncationTest, AShardTruncatedBeforeTheScanStartsIsDataLoss) {
+  EngineConfig c;
+  c.mode = GetParam();
+  StartEngine(c);
+  const std::string path = JoinPath(dir_, "acts000001.bin");
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  ASSERT_EQ(::truncate(path.c_str(), st.st_size / 3), 0);
+  StreamSpec spec;
+  spec.batch_size = 10;
+  spec.epochs = 1;
+  auto s = Create(spec, 1);
+  absl::Status status = s.status();
+  if (s.ok()) status = Drain(s->get(), 10, -1, 0).status;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("acts000001.bin"), std::string::npos)
+      << status;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, TruncationTest,

@@ -57,11 +57,11 @@ struct Conn {
   bool busy = false;
   lq::Reply reply;
   absl::Status error;  // the first read failure
-  std::vector<ReadOp> ops;
+  // Its reads; the plan holds the files they name open until they are done.
+  QueryEngine::VectorReads plan;
   std::vector<size_t> done;  // bytes in place, per op
   size_t remaining = 0;      // ops not done
   size_t in_flight = 0;      // ops submitted, not completed
-  uint64_t direct_bytes = 0;
 
   Conn() = default;
   Conn(const Conn&) = delete;
@@ -434,14 +434,13 @@ void LocalQueryService::Loop::OnRequest(Conn& c, absl::string_view message) {
   ++busy_;
   c.reply = lq::Reply();
   c.reply.id = request.id;
-  c.direct_bytes = 0;
   c.error = Plan(c, request);
   if (!c.error.ok() || c.remaining == 0) {
     Finish(c);
     return;
   }
-  for (size_t i = 0; i < c.ops.size(); ++i) {
-    if (c.done[i] < c.ops[i].length) SubmitRead(c, i);
+  for (size_t i = 0; i < c.plan.ops.size(); ++i) {
+    if (c.done[i] < c.plan.ops[i].length) SubmitRead(c, i);
   }
 }
 
@@ -520,7 +519,7 @@ absl::Status LocalQueryService::Loop::OpenFiles(Conn& c,
 
 absl::Status LocalQueryService::Loop::Plan(Conn& c,
                                            const lq::Request& request) {
-  c.ops.clear();
+  c.plan = QueryEngine::VectorReads();
   c.done.clear();
   c.remaining = 0;
   if (request.op != lq::Op::kVectors) {
@@ -552,7 +551,7 @@ absl::Status LocalQueryService::Loop::Plan(Conn& c,
         absl::StrCat("the vectors' offset ", request.out_offset,
                      " in the region is not a multiple of ", lq::kOutAlign));
   }
-  absl::StatusOr<std::vector<int64_t>> shape = queries_->PlanVectorReads(
+  absl::StatusOr<QueryEngine::VectorReads> plan = queries_->PlanVectorReads(
       request.dataset, coords, ColdReads::kDirect,
       [&](uint64_t bytes) -> absl::StatusOr<char*> {
         if (!FitsIn(request.out_offset, bytes, c.bytes)) {
@@ -562,13 +561,13 @@ absl::Status LocalQueryService::Loop::Plan(Conn& c,
               " bytes; this one has ", c.bytes));
         }
         return c.base + request.out_offset;
-      },
-      &c.ops, &c.direct_bytes);
-  if (!shape.ok()) return shape.status();
-  c.reply.rows = static_cast<uint64_t>((*shape)[0]);
-  c.reply.d_model = static_cast<uint64_t>((*shape)[1]);
-  c.done.assign(c.ops.size(), 0);
-  for (const ReadOp& op : c.ops) c.remaining += op.length > 0 ? 1 : 0;
+      });
+  if (!plan.ok()) return plan.status();
+  c.plan = std::move(*plan);
+  c.reply.rows = static_cast<uint64_t>(c.plan.shape[0]);
+  c.reply.d_model = static_cast<uint64_t>(c.plan.shape[1]);
+  c.done.assign(c.plan.ops.size(), 0);
+  for (const ReadOp& op : c.plan.ops) c.remaining += op.length > 0 ? 1 : 0;
   return absl::OkStatus();
 }
 
@@ -578,8 +577,9 @@ void LocalQueryService::Loop::SubmitRead(Conn& c, size_t i) {
     ++c.in_flight;  // counted as in flight: the request waits for it
     return;
   }
-  Queue(
-      [&] { return ring_.PrepareRead(c.ops[i], c.done[i], Tag(c.id, i + 1)); });
+  Queue([&] {
+    return ring_.PrepareRead(c.plan.ops[i], c.done[i], Tag(c.id, i + 1));
+  });
   ++reads_in_flight_;
   ++c.in_flight;
 }
@@ -602,9 +602,9 @@ void LocalQueryService::Loop::StartWaitingReads() {
 
 void LocalQueryService::Loop::OnRead(Conn& c, size_t i, int res) {
   --c.in_flight;
-  if (i < c.ops.size() && c.error.ok()) {
+  if (i < c.plan.ops.size() && c.error.ok()) {
     absl::Status error;
-    switch (ApplyReadResult(c.ops[i], res, &c.done[i], &error)) {
+    switch (ApplyReadResult(c.plan.ops[i], res, &c.done[i], &error)) {
       case ReadStep::kDone:
         --c.remaining;
         break;
@@ -631,15 +631,15 @@ void LocalQueryService::Loop::Finish(Conn& c) {
   metrics_->CallDone(status.code());
   if (status.ok()) {
     uint64_t bytes = 0;
-    for (const ReadOp& op : c.ops) bytes += op.length;
-    queries_->CountReads(bytes, c.direct_bytes);
+    for (const ReadOp& op : c.plan.ops) bytes += op.length;
+    queries_->CountReads(bytes, c.plan.direct_bytes);
     metrics_->bytes_served += bytes;
   } else {
     c.reply.code = static_cast<uint32_t>(status.code());
     c.reply.message = std::string(status.message());
     if (c.reply.need_region_bytes == 0) c.reply.rows = c.reply.d_model = 0;
   }
-  c.ops.clear();
+  c.plan = QueryEngine::VectorReads();  // the reads are done: let the files go
   c.done.clear();
   // A client that sent more requests without reading the replies fills its
   // socket: it is disconnected rather than waited for.
