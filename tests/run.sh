@@ -9,7 +9,8 @@
 #   bash tests/run.sh --ci                    # instead of build-clang/: every
 #                                             # test in the checked clang build
 #                                             # (build-asan/: ASan+UBSan, asserts,
-#                                             # -Wthread-safety); TSan (unit +
+#                                             # -Wthread-safety) and a 1.5-min
+#                                             # soak against it; TSan (unit +
 #                                             # integration); each fuzzer for 30 s
 #                                             # from build-asan/ (CI does this)
 #   bash tests/run.sh --clang                 # only the clang check
@@ -17,6 +18,9 @@
 #   bash tests/run.sh --sanitize address,undefined   # build-asan/ (as above)
 #   bash tests/run.sh --sanitize thread              # in build-tsan/
 #   bash tests/run.sh --fuzz [SECONDS]               # only the fuzzers
+#   bash tests/run.sh --soak                         # only the short soak
+#                                                    # (build-asan/; CI runs it
+#                                                    # after the ASan tests)
 #
 # The last line is "N passed, N failed" over every phase run; the exit
 # status is non-zero on any failure (build errors included).
@@ -29,6 +33,7 @@ clang=1   # the clang thread-safety build
 gcc=1     # the normal build and every test
 ci=0      # + sanitizers and fuzzers
 fuzz=0    # seconds per fuzzer; 0: no fuzzing
+soak=0    # only the short soak (--soak)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --sanitize) sanitize="$2"; clang=0; shift 2 ;;
@@ -36,10 +41,11 @@ while [[ $# -gt 0 ]]; do
     --no-clang) clang=0; shift ;;
     --no-deps) export SHARDCAST_SKIP_DEPS=1; shift ;;
     --ci) ci=1; fuzz=30; shift ;;
+    --soak) gcc=0; clang=0; soak=1; shift ;;
     --fuzz)
       gcc=0; clang=0; fuzz=30; shift
       if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then fuzz="$1"; shift; fi ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "tests/run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -175,6 +181,29 @@ fuzz_phase() {
   if [[ $code -ne 0 ]]; then rc=1; fi
 }
 
+# A short soak (tests/bench/soak.py) against the ASan+UBSan daemon: trainers,
+# random-access clients, rescans, kills and damaged datasets at once for
+# SHARDCAST_SOAK_MINUTES (default 1.5), every answer checked and the daemon's
+# memory, descriptors and threads watched. One test; its report is printed
+# when it fails (build-asan/soak.log).
+soak_phase() {
+  local start=$SECONDS
+  local minutes=${SHARDCAST_SOAK_MINUTES:-1.5}
+  echo "== soak: ${minutes} min of load and chaos against build-asan/shardcastd"
+  if cmake --build build-asan -j2 --target shardcastd shardcast >/dev/null &&
+     SHARDCASTD_BIN=build-asan/shardcastd SHARDCAST_BIN=build-asan/shardcast \
+       /usr/bin/python3 tests/bench/soak.py --minutes "$minutes" \
+       --sample-seconds 5 >build-asan/soak.log 2>&1; then
+    passed=$((passed + 1))
+    echo "soak: passed ($(grep -m1 -o -- '--seed [0-9]*' build-asan/soak.log))"
+  else
+    failed=$((failed + 1)); rc=1
+    tail -n 80 build-asan/soak.log
+    echo "soak: FAILED (the report above; build-asan/soak.log)"
+  fi
+  timings+=("soak $((SECONDS - start)) s")
+}
+
 # In CI the ASan+UBSan build below is the clang build with -Wthread-safety.
 if [[ $ci == 1 ]]; then clang=0; fi
 if [[ $gcc == 1 ]]; then ctest_phase "$build_dir" "$sanitize"; fi
@@ -183,7 +212,12 @@ if [[ $ci == 1 ]]; then
   # Every test under ASan+UBSan (the Python tests drive the sanitized
   # daemon); the concurrent C++ tests under TSan.
   ctest_phase build-asan address,undefined
+  soak_phase
   ctest_phase build-tsan thread -L "unit|integration"
+fi
+if [[ $soak == 1 ]]; then
+  [[ -f build-asan/CMakeCache.txt ]] || bash tests/fuzz/run.sh --configure build-asan >/dev/null
+  soak_phase
 fi
 if [[ $fuzz -gt 0 ]]; then fuzz_phase; fi
 timings+=("all $SECONDS s")

@@ -6,10 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -103,7 +108,90 @@ void FreeGuardEntry(int i) {
   g_entries[i].begin.store(0, std::memory_order_release);
 }
 
+// The signal a lease break is reported with (F_SETSIG), sent to the
+// watcher thread alone (F_SETOWN_EX F_OWNER_TID), which blocks it and takes
+// it with sigwaitinfo(); si_fd names the map's descriptor.
+int LeaseSignal() { return SIGRTMIN + 5; }
+
 }  // namespace
+
+/// Takes read leases on the files of maps and, when one is broken, has the
+/// map copy its cached pages before letting the lease go. Thread-safe.
+class LeaseWatcher {
+ public:
+  static LeaseWatcher& Get() {
+    // Never destroyed: its thread waits for signals for the process's life.
+    static LeaseWatcher* const watcher = new LeaseWatcher();
+    return *watcher;
+  }
+  /// Takes a read lease on `m`'s descriptor; false where the kernel
+  /// refuses one (the first refusal is logged).
+  bool Watch(MappedFile* m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tid_ <= 0) return false;
+    const int fd = m->fd_.get();
+    struct f_owner_ex owner = {F_OWNER_TID, tid_};
+    if (::fcntl(fd, F_SETSIG, LeaseSignal()) != 0 ||
+        ::fcntl(fd, F_SETOWN_EX, &owner) != 0 ||
+        ::fcntl(fd, F_SETLEASE, F_RDLCK) != 0) {
+      if (!refusal_logged_) {
+        refusal_logged_ = true;
+        LogInfo("maps of shard files hold no read lease (", m->path_, ": ",
+                std::strerror(errno),
+                "): a file truncated while a gRPC stream sends from its map "
+                "ends that connection");
+      }
+      return false;
+    }
+    files_[fd] = m;
+    return true;
+  }
+  /// No break of `m`'s lease is handled after this returns (one being
+  /// handled is finished first).
+  void Forget(const MappedFile* m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(m->fd_.get());
+    if (it != files_.end() && it->second == m) files_.erase(it);
+  }
+
+ private:
+  LeaseWatcher() {
+    std::thread([this] { Run(); }).detach();
+    std::unique_lock<std::mutex> lock(mu_);
+    started_.wait(lock, [this] { return tid_ != 0; });
+  }
+
+  void Run() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, LeaseSignal());
+    const bool blocked = ::pthread_sigmask(SIG_BLOCK, &set, nullptr) == 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tid_ = blocked ? ::gettid() : -1;
+    }
+    started_.notify_all();
+    if (!blocked) return;
+    while (true) {
+      siginfo_t info;
+      if (::sigwaitinfo(&set, &info) < 0) continue;  // EINTR
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = files_.find(info.si_fd);
+      if (it == files_.end()) continue;  // its map is gone
+      MappedFile* m = it->second;
+      files_.erase(it);
+      m->CopyCachedPages();
+      m->leased_.store(false, std::memory_order_release);
+      ::fcntl(m->fd_.get(), F_SETLEASE, F_UNLCK);  // the truncation goes on
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable started_;
+  pid_t tid_ = 0;  // the thread's, once it blocked the signal; -1: none
+  bool refusal_logged_ = false;
+  std::map<int, MappedFile*> files_;  // by lease descriptor
+};
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(int fd,
                                                             uint64_t size,
@@ -116,7 +204,11 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(int fd,
     return ErrnoToStatus(errno, absl::StrCat("mmap ", path));
   }
   char* base = static_cast<char*>(p);
-  UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  // A description of its own (the same inode), for the lease: a lease
+  // belongs to a description, and other maps of the file take theirs.
+  UniqueFd own(
+      ::open(absl::StrCat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!own.valid()) own.Reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));  // no /proc
   if (!own.valid()) {
     const int e = errno;
     ::munmap(p, mapped);
@@ -130,8 +222,11 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(int fd,
         absl::StrCat("cannot map ", path, ": ", kMaxMaps,
                      " shard files are mapped already"));
   }
-  return std::unique_ptr<MappedFile>(new MappedFile(
+  std::unique_ptr<MappedFile> m(new MappedFile(
       base, size, mapped, std::move(path), guard, std::move(own)));
+  m->leased_.store(LeaseWatcher::Get().Watch(m.get()),
+                   std::memory_order_release);
+  return m;
 }
 
 MappedFile::MappedFile(char* base, uint64_t size, uint64_t mapped,
@@ -144,6 +239,7 @@ MappedFile::MappedFile(char* base, uint64_t size, uint64_t mapped,
       fd_(std::move(fd)) {}
 
 MappedFile::~MappedFile() {
+  LeaseWatcher::Get().Forget(this);
   FreeGuardEntry(guard_);
   ::munmap(base_, mapped_);
 }
@@ -180,7 +276,57 @@ absl::Status MappedFile::Populate(uint64_t offset, uint64_t length) const {
   }
 }
 
+void MappedFile::CopyCachedPages() {
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  if (copied_) return;
+  copied_ = true;
+  const size_t pages = static_cast<size_t>(mapped_ / g_page);
+  std::vector<unsigned char> cached(pages, 1);
+  // Pages not in the page cache are in no send under way (a send populates
+  // first): they stay maps of the file, and fault once it shrank.
+  if (::mincore(base_, mapped_, cached.data()) != 0) {
+    std::fill(cached.begin(), cached.end(), 1);
+  }
+  uint64_t copied = 0;
+  for (size_t i = 0; i < pages;) {
+    if ((cached[i] & 1) == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < pages && (cached[j] & 1) != 0) ++j;
+    char* at = base_ + i * g_page;
+    const size_t length = (j - i) * g_page;
+    i = j;
+    void* copy = ::mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) {
+      LogWarning(path_, ": cannot keep ", length,
+                 " bytes of its map before it changes: ", std::strerror(errno));
+      break;
+    }
+    // The file still holds them: the truncation waits for the lease.
+    std::memcpy(copy, at, length);
+    ::mprotect(copy, length, PROT_READ);
+    if (::mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
+        MAP_FAILED) {
+      LogWarning(path_,
+                 ": cannot put a copy in its map: ", std::strerror(errno));
+      ::munmap(copy, length);
+      break;
+    }
+    copied += length;
+  }
+  copied_bytes_.store(copied, std::memory_order_release);
+  LogWarning(path_,
+             " is being truncated or opened for writing while it is served; "
+             "the ",
+             copied, " bytes of it that were cached are kept in memory");
+}
+
 void MappedFile::Unmap(uint64_t offset, uint64_t length) const {
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  if (copied_) return;  // private copies would read zeros after it
   // Whole pages inside the range only: a page shared with a neighbouring
   // range stays (it is dropped with that one, or with the map).
   const uint64_t begin = (offset + g_page - 1) / g_page * g_page;

@@ -15,11 +15,23 @@
 //    map; whoever copied from the map checks faults() afterwards and throws
 //    the copy away. A SIGBUS outside every map goes to the previous handler
 //    (or kills the process as before).
+// Neither helps when the kernel reads a map for us: sendmsg() of a lost
+// page fails with EFAULT, and gRPC, which sends a stream's batches from
+// views of the maps, then drops the whole connection (UNAVAILABLE "Bad
+// address" instead of the stream's DATA_LOSS). So each map also holds a
+// read lease on its file where the kernel grants one (fcntl F_SETLEASE:
+// the daemon owns the file or has CAP_LEASE, and nobody has it open for
+// writing). A truncation or an open for writing then waits until the lease
+// is let go, and a watcher thread first replaces the map's cached pages
+// with private copies of them (the data in flight stays readable and
+// right); the shrink is then seen as before (CurrentSize, DATA_LOSS).
 #ifndef SHARDCAST_SERVER_IO_MAPPED_FILE_H_
 #define SHARDCAST_SERVER_IO_MAPPED_FILE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -70,17 +82,35 @@ class MappedFile {
   /// and after copying from the map: a change means the copy holds zeros
   /// where the file lost data.
   uint64_t faults() const;
+  /// Whether the map holds a read lease on its file (see above).
+  bool leased() const { return leased_.load(std::memory_order_acquire); }
+  /// Bytes of the map replaced by private copies when its lease was broken
+  /// (0 before that).
+  uint64_t copied_bytes() const {
+    return copied_bytes_.load(std::memory_order_acquire);
+  }
 
  private:
+  friend class LeaseWatcher;
   MappedFile(char* base, uint64_t size, uint64_t mapped, std::string path,
              int guard, UniqueFd fd);
+  // The lease is being broken: copies the cached pages into private memory
+  // in place, so that the truncation that waits for the lease takes nothing
+  // anyone reads. Called once, by the watcher thread.
+  void CopyCachedPages();
 
   char* const base_;
   const uint64_t size_;
   const uint64_t mapped_;  // size_ rounded up to whole pages (at least one)
   const std::string path_;
-  const int guard_;  // entry in the SIGBUS guard table
-  const UniqueFd fd_;
+  const int guard_;    // entry in the SIGBUS guard table
+  const UniqueFd fd_;  // a description of its own: the lease's holder
+  std::atomic<bool> leased_{false};
+  std::atomic<uint64_t> copied_bytes_{0};
+  // Held by Unmap() and CopyCachedPages(): MADV_DONTNEED on a private copy
+  // would zero it.
+  mutable std::mutex copy_mu_;
+  bool copied_ = false;  // guarded by copy_mu_
 };
 
 }  // namespace shardcast

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <string>
@@ -102,6 +103,57 @@ TEST_F(MappedFileTest, ASigbusOutsideEveryMapStillKills) {
         (void)c[kBytes - 1];
       },
       "");
+}
+
+// What the kernel reads from a map for us (sendmsg() of a gRPC stream's
+// views of the map) fails with EFAULT where the file lost the page: no
+// SIGBUS to repair. (Here the test's own descriptor open for writing keeps
+// the map from taking a lease.)
+TEST_F(MappedFileTest, SendingWhatAShrunkFileLostFailsWithoutALease) {
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  EXPECT_FALSE(m->leased());
+  ASSERT_TRUE(m->Populate(0, kBytes).ok());
+  ASSERT_EQ(::ftruncate(fd_.get(), kBytes / 2), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  UniqueFd out(pipe_fds[0]), in(pipe_fds[1]);
+  EXPECT_EQ(::write(in.get(), m->data() + kBytes / 2 + 4096, 4096), -1);
+  EXPECT_EQ(errno, EFAULT);
+}
+
+// With a lease, a truncation waits until the map has copied its cached
+// pages: a send from the map after it still gets the file's bytes as they
+// were, and the shrink shows in CurrentSize (the scan's DATA_LOSS check).
+TEST_F(MappedFileTest, ATruncationWaitsUntilTheCachedPagesAreKept) {
+  fd_.Reset();  // open for writing, the file takes no lease
+  auto fd = OpenFile(path_, O_RDONLY);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  fd_ = std::move(*fd);
+  auto m = Map();
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->leased()) << "no read lease on " << path_
+                           << " (the daemon's log says why)";
+  ASSERT_TRUE(m->Populate(0, kBytes).ok());
+  ASSERT_EQ(::truncate(path_.c_str(), kBytes / 2), 0);  // waits for the copy
+  EXPECT_FALSE(m->leased());
+  EXPECT_EQ(m->copied_bytes(), kBytes);
+  auto size = m->CurrentSize();
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, kBytes / 2);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  UniqueFd out(pipe_fds[0]), in(pipe_fds[1]);
+  const char* lost = m->data() + kBytes / 2 + 4096;
+  ASSERT_EQ(::write(in.get(), lost, 4096), 4096) << std::strerror(errno);
+  std::vector<char> got(4096);
+  ASSERT_EQ(::read(out.get(), got.data(), got.size()), 4096);
+  EXPECT_EQ(std::memcmp(got.data(), bytes_.data() + kBytes / 2 + 4096, 4096),
+            0);
+  EXPECT_EQ(std::memcmp(m->data(), bytes_.data(), kBytes), 0);
+  EXPECT_EQ(m->faults(), 0u);
+  m->Unmap(0, kBytes);  // leaves the copies alone
+  EXPECT_EQ(std::memcmp(m->data(), bytes_.data(), kBytes), 0);
 }
 
 TEST(MappedFileErrors, AnUnmappableDescriptorSaysWhich) {

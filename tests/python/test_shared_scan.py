@@ -332,6 +332,48 @@ def test_shard_truncated_mid_stream_is_data_loss_and_the_daemon_serves_on(
         d.stop_and_check()
 
 
+def test_shard_truncated_under_a_mapped_grpc_stream_is_data_loss_not_unavailable(
+        stubs, sockdir, tmp_path):
+    """A mapped scan's gRPC stream sends its batches from views of the shard
+    maps. With batches waiting in gRPC's buffers (the client reads nothing
+    for a while) a shard is truncated: the connection must not break (the
+    kernel's copy of a lost page in sendmsg() fails with EFAULT, and gRPC
+    then drops the connection: UNAVAILABLE "Bad address"). Every batch sent
+    holds the file's vectors as they were, and the stream ends with
+    DATA_LOSS naming the file."""
+    root = tmp_path / "root"
+    root.mkdir()
+    # 1 KiB vectors; 2 shards of 32 examples x 2 layers x 64 tokens (4 MiB).
+    victim = _synth(root, "--layers", "0,1", "--tokens", 64, "--d-model", 256,
+                    "--examples", 64, "--budget", 4096, "--seed", 19)
+    # The expected values, read before the cut.
+    for shard in range(len(victim.shards)):
+        victim._maps[shard] = np.fromfile(victim.shard_file(shard), dtype=np.uint8)
+    d = start_daemon(victim, sockdir, tmp_path, "mapped", "--read-mode", "mapped",
+                     "--block-bytes", "256K", "--reservoir-bytes", "16M")
+    try:
+        d.wait_ready(stubs)
+        with grpc.insecure_channel(d.address()) as ch:
+            call = stream(stubs, ch, victim, order=0, batch_size=256, epochs=4,
+                          seed=3)
+            it = iter(call)
+            rows = check_batch(victim, next(it), None)
+            time.sleep(1.0)  # the daemon fills gRPC's window with views
+            for shard in range(len(victim.shards)):
+                os.truncate(victim.shard_file(shard), 16)
+            with pytest.raises(grpc.RpcError) as info:
+                for batch in it:
+                    rows += check_batch(victim, batch, None)
+            err = info.value
+            assert err.code() == grpc.StatusCode.DATA_LOSS, (err.code(), err.details())
+            assert "acts0000" in err.details(), err.details()
+            assert len(rows) > 256, "no batch was in flight at the cut"
+            assert status(stubs, ch).datasets_ok == 1
+        assert d.proc.poll() is None
+    finally:
+        d.stop_and_check()
+
+
 # ---------------------------------------------------------------------------
 # Trainers as separate processes: a killed one leaves the others exact; four
 # started together on a cold dataset cost one disk pass.
