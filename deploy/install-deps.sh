@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libgmock-dev
   # Python tests and the Python package (Debian's /usr/bin/python3)
   python3 python3-numpy python3-pytest python3-grpcio python3-protobuf
-  python3-torch
+  python3-torch python3-matplotlib
   # benchmarks and tests: sha256sum (coreutils), fio, vmtouch
   coreutils openssl fio vmtouch
   # tests of deploy/: shellcheck, systemd-analyze (systemd), strace (the

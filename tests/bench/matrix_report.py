@@ -2,7 +2,7 @@
 left in --out (shardcast bench and grpc_stream_bench JSON) and in --query
 (run_query_bench.sh's results.json and fio JSON), prints one table of ratios
 against the same-run references with issue 11's targets, and writes the
-figures as JSON and a PNG (tests/bench/plot_png.py)."""
+figures as JSON and a PNG (tests/bench/plot.py, matplotlib)."""
 
 import argparse
 import glob
@@ -334,8 +334,8 @@ def main():
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        import plot_png
-        plot_png.write(spec, a.png)
+        import plot
+        plot.write(spec, a.png)
         print(f"plot: {a.png}; figures: {a.json}")
     except Exception as e:  # the table stands without the plot
         print(f"plot not written: {e}", file=sys.stderr)
