@@ -3,7 +3,7 @@
 //
 // A unary call costs both sides a fixed amount of CPU (on the 2-core VM a
 // bare gRPC unary round trip with an empty handler tops out at ~30,000
-// calls/s from 16 threads; tests/bench/RESULTS.md), so many threads that
+// calls/s from 16 threads; tests/bench/results/HISTORY.md), so many threads that
 // each ask for one vector are bound by call overhead long before the disk is
 // busy. The combiner lets up to `max_in_flight` calls run at once, each
 // started on its caller's thread exactly as before (one thread calling

@@ -31,7 +31,7 @@ struct ClientOptions {
   int connect_timeout_seconds = 5;
   /// On a Unix socket, streams get their batches in shared memory (the
   /// daemon writes each batch's vectors straight into a slot that this
-  /// process maps; README.md, "Shared memory") when the daemon offers it.
+  /// process maps; docs/local-clients.md, "Shared memory") when the daemon offers it.
   /// False: always in gRPC messages.
   bool shared_memory = true;
   /// Slots of a stream's region: how many batches the daemon may have ready
@@ -43,23 +43,23 @@ struct ClientOptions {
   /// call (each caller still gets exactly its own rows, or its own error).
   /// A thread calling alone is never delayed. Many threads asking a few
   /// vectors each then cost the daemon a few calls instead of one each
-  /// (tests/bench/RESULTS.md, random access). 0: one call per request.
+  /// (tests/bench/results/HISTORY.md, random access). 0: one call per request.
   int query_calls_in_flight = 4;
   /// GetVectors calls of at least this many vectors (a request, or
   /// requests sharing a call) use StreamVectors: the daemon sends the
   /// vectors in parts as its reads complete, so most of the reply has
-  /// arrived when the last read does (tests/bench/RESULTS.md, random
+  /// arrived when the last read does (tests/bench/results/HISTORY.md, random
   /// access). Smaller calls are one unary reply. 0: never stream. A daemon
   /// without StreamVectors gets unary calls.
   int64_t stream_vectors_from = 64;
   /// GetVectors calls below stream_vectors_from go out as messages on one
   /// long-lived VectorsSession call the daemon answers by id, instead of a
   /// unary call each: a message costs both sides less than a call
-  /// (tests/bench/RESULTS.md, random access). A daemon without
+  /// (tests/bench/results/HISTORY.md, random access). A daemon without
   /// VectorsSession gets unary calls. False: always unary.
   bool query_session = true;
   /// On a Unix socket, GetVectors goes through the daemon's local query
-  /// socket when it offers one (README.md, "Local queries"): one small
+  /// socket when it offers one (docs/local-clients.md, "Local queries"): one small
   /// message each way per call, the vectors read by the daemon straight
   /// into memory this process shares with it, and no gRPC on either side.
   /// Each thread calling at once has a connection of its own, so their

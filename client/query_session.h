@@ -1,7 +1,7 @@
 // Internal to the client library: GetVectors requests as messages on one
 // long-lived Query.VectorsSession call (proto/shardcast/v1/shardcast.proto)
 // instead of a unary call each. A message costs both sides less than a call
-// (tests/bench/RESULTS.md, random access: on 2 cores 44.9 K against 25.0 K
+// (tests/bench/results/HISTORY.md, random access: on 2 cores 44.9 K against 25.0 K
 // round trips/s from 16 threads).
 //
 // Any number of threads call Call at once. Each writes its request (one

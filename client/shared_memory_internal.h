@@ -1,4 +1,4 @@
-// The client's half of the shared-memory path (README.md, "Shared memory";
+// The client's half of the shared-memory path (docs/local-clients.md, "Shared memory";
 // the messages are in common/shm_protocol.h): a region of batch slots got
 // from the daemon's shared-memory socket and mapped read-only here.
 #ifndef SHARDCAST_CLIENT_SHARED_MEMORY_INTERNAL_H_

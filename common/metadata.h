@@ -1,7 +1,7 @@
 // The saev shard protocol: metadata.json / shards.json of every variant found
 // on disk, parsed into one description, plus the content hash and geometry.
 //
-// Variants (README.md, "The data format"):
+// Variants (docs/format.md):
 //   kV1      "1.0.0"/"1.1": vit_family, n_patches_per_img, d_vit, n_imgs,
 //            max_patches_per_shard; directory = sha256 of sorted-key JSON.
 //   kV2Spec  "2.1" as seed 000 specifies: family, patches_per_ex, d_model,

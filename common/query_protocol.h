@@ -1,4 +1,4 @@
-// The local query socket's messages (README.md, "Local queries"). A client
+// The local query socket's messages (docs/local-clients.md, "Local queries"). A client
 // on the daemon's node connects to `<unix socket path>.query`
 // (SOCK_SEQPACKET) and sends one Hello carrying, as SCM_RIGHTS ancillary
 // data, a memfd of its own: the region. The memfd must be sealed against
@@ -21,7 +21,7 @@
 //
 // Direct reads: a client may instead ask for a dataset's layout
 // (Op::kLayout) and read-only descriptors of its files (Op::kOpenFiles),
-// and read vectors itself with pread (README.md, "Local queries").
+// and read vectors itself with pread (docs/local-clients.md, "Local queries").
 //
 // All messages are little-endian fixed layouts followed by UTF-8 text (an
 // error's message, a request's dataset), so any language can speak them.

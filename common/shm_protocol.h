@@ -1,4 +1,4 @@
-// The shared-memory socket's messages (README.md, "Shared memory"). A local
+// The shared-memory socket's messages (docs/local-clients.md, "Shared memory"). A local
 // client connects to `<unix socket path>.shm` (SOCK_SEQPACKET), sends one
 // RegionRequest and gets one RegionReply; with code 0 the reply carries the
 // region's descriptor (a sealed memfd: it cannot shrink or grow) as

@@ -2,7 +2,7 @@
 // tables, for a process that reads vectors from files it did not validate
 // itself: the daemon sends it to local query clients, which then read
 // single vectors with pread on read-only descriptors the daemon hands over
-// (README.md, "Local queries"; common/query_protocol.h, Op::kLayout).
+// (docs/local-clients.md, "Local queries"; common/query_protocol.h, Op::kLayout).
 //
 // Both layouts the format library reads are affine in the coordinates
 // (common/metadata.h, LocateIndex):

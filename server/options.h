@@ -118,7 +118,7 @@ struct DaemonOptions {
   int LocalQueryThreads() const;
 };
 
-/// Half the cores, at least 4, at most 16. Measured on 16 cores (RESULTS.md,
+/// Half the cores, at least 4, at most 16. Measured on 16 cores (tests/bench/results/HISTORY.md,
 /// "The GPU machine, again"): 8 warm gRPC streams went 16.1-16.4 -> 18.5-19.1
 /// GB/s together from 4 threads to 8-16, each of the 4 busy 100 % writing
 /// batches into sockets; one stream moved no differently.
@@ -129,7 +129,7 @@ int DefaultQueryThreads(int cores);
 /// client threads' cold single-vector calls went from 0.70-0.74 to
 /// 0.73-0.93 x fio qd16 on 2 cores with 2 threads (not spinning), and on
 /// 16 cores from 0.63-0.66 x with one thread to 0.79-0.80 with 4 and
-/// 0.80-0.90 with 8 (tests/bench/RESULTS.md, "Several local query
+/// 0.80-0.90 with 8 (tests/bench/results/HISTORY.md, "Several local query
 /// threads").
 int DefaultLocalQueryThreads(int cores);
 

@@ -2,7 +2,7 @@
 // clients (this binary re-executed as `stream --json`), the daemon's
 // counters around them and, with --dir, fio's sequential read bandwidth on
 // the same shard files in the same run, so every figure can be read as a
-// ratio (README.md, "Measuring").
+// ratio (docs/benchmarks.md).
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>

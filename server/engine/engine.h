@@ -1,6 +1,6 @@
 // The daemon's engine: everything between the shard files and a transport,
 // and nothing of any transport (this directory builds without gRPC; see
-// README.md, "Architecture"). It owns the catalog of datasets, the
+// docs/architecture.md). It owns the catalog of datasets, the
 // random-access query engine and the streaming engine (reservoir, read
 // engine, shared scans), and opens streams as BatchSources from plain
 // options. Transports (server/transport/) only convert requests into these

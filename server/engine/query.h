@@ -76,7 +76,7 @@ enum class ColdReads {
   /// (vectors at 4 KiB multiples, a filesystem that takes O_DIRECT, and a
   /// page cache whose residency the kernel reports to the daemon): no
   /// page-cache insertion, about 1 us of CPU per 4 KiB read instead of 5-7
-  /// (tests/bench/RESULTS.md). Cached vectors still come from the cache.
+  /// (tests/bench/results/HISTORY.md). Cached vectors still come from the cache.
   kDirect,
   /// Through the page cache, like cached ones: for calls whose vectors are
   /// worth keeping there, or one of whose vectors is already being read

@@ -5,7 +5,7 @@
 //
 // Memory is one anonymous mapping made at start. First touch of fresh memory
 // is slow (on the 2-core VMs the kernel's zeroing of a new huge page was 16 %
-// of a fresh daemon's CPU in a cold 8-trainer run: tests/bench/RESULTS.md),
+// of a fresh daemon's CPU in a cold 8-trainer run: tests/bench/results/HISTORY.md),
 // so with Prefault::kBackground a thread of the lowest priority (nice 19)
 // touches the free slots, lowest index first, while nothing is reserved (no
 // stream running); a slot in use is never written by it. Free slots are handed

@@ -1,5 +1,5 @@
 // The shared scan: one disk pass over a dataset selection that feeds every
-// shuffled stream of that selection at once (README.md, "Architecture").
+// shuffled stream of that selection at once (docs/architecture.md).
 //
 // Layout. The selected vectors are numbered in disk order, g = row * k + j
 // (a row is one layer of one example, k the selected tokens of a row). The

@@ -118,7 +118,7 @@ class UringReader {
   /// Queue depth of the readers ThisThread() makes: a 256-vector query has
   /// all its reads in flight at once (one submission, no refill per
   /// completion). On the 2-core VM, cold batches of 256 random 4 KiB reads
-  /// ran 10-12 % faster than at depth 64 (tests/bench/RESULTS.md).
+  /// ran 10-12 % faster than at depth 64 (tests/bench/results/HISTORY.md).
   static constexpr unsigned kThreadQueueDepth = 256;
 
   /// A reader with a ring of `queue_depth` entries. Never fails: without

@@ -1,7 +1,6 @@
 // Reusable batch buffers. A stream's batch is written once into a buffer the
 // transport then sends; reusing buffers spares the daemon the page faults of
-// fresh memory on every batch (about 3.4 s per GiB on these VMs: README.md,
-// "Measuring").
+// fresh memory on every batch (about 3.4 s per GiB on these VMs: docs/benchmarks.md).
 #ifndef SHARDCAST_SERVER_TRANSPORT_BUFFER_POOL_H_
 #define SHARDCAST_SERVER_TRANSPORT_BUFFER_POOL_H_
 

@@ -2,7 +2,7 @@
 // gRPC, so that it can
 //   - know who connects (SO_PEERCRED: pid, uid, gid), log it, show it in
 //     status and /metrics, and admit only configured uids/gids beyond the
-//     socket's mode (--allow-uid, --allow-gid);
+//     socket's mode (--allow-user, --allow-group);
 //   - cap connections: past the cap a client gets RESOURCE_EXHAUSTED on its
 //     calls (and, far past it, a closed connection) instead of taking the
 //     daemon's descriptors;
@@ -65,7 +65,7 @@ struct LocalAcceptorOptions {
   /// With the default ~208 KiB a 16 MiB batch message crosses the socket in
   /// ~80 rounds of fill, wait for the reader, wake up; with 4 MiB warm gRPC
   /// streams of 4 and 8 trainers on the 2-core VM went from 0.74-0.78 to
-  /// 0.83-0.92 x the bare gRPC loop (tests/bench/RESULTS.md).
+  /// 0.83-0.92 x the bare gRPC loop (tests/bench/results/HISTORY.md).
   int send_buffer_bytes = 4 << 20;
 };
 

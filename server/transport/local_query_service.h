@@ -1,9 +1,9 @@
 // Random access for clients on the daemon's node without gRPC: the local
 // query socket (`<socket>.query`, same mode and group as the gRPC one;
-// common/query_protocol.h has the messages, README.md "Local queries").
+// common/query_protocol.h has the messages, docs/local-clients.md, "Local queries").
 //
 // Why: over gRPC a call costs both sides a fixed ~0.1-0.8 ms of CPU and
-// thread hops whatever it asks for (tests/bench/RESULTS.md, random access),
+// thread hops whatever it asks for (tests/bench/results/HISTORY.md, random access),
 // so on a small machine the disk waits for the calls. Here a call is one
 // small message each way; the vectors go straight from the disk (O_DIRECT
 // where the dataset allows it) into a memfd region the client handed over
@@ -69,19 +69,19 @@ struct LocalQueryOptions {
   /// threads' cold single-vector calls went from 33-38 K to 49-53 K calls/s
   /// with 60 us; with two or four threads, spinning ones take the CPU from
   /// each other and the clients (65-69 K against 80-83 K without), so the
-  /// daemon's default is 0 (tests/bench/RESULTS.md). A lone caller never
+  /// daemon's default is 0 (tests/bench/results/HISTORY.md). A lone caller never
   /// makes a thread spin. 0: never.
   unsigned spin_us = 0;
   /// Threads serving the socket. One thread answers a call in ~6-10 us of
   /// its time, and calls whose reads complete together wait their turn:
   /// on the 16-core machine one thread kept ~10 of 16 client threads' reads
-  /// on the disk (tests/bench/RESULTS.md, "Several local query threads").
+  /// on the disk (tests/bench/results/HISTORY.md, "Several local query threads").
   int threads = 1;
   /// Whether an admitted client may read vectors itself: it asks for a
   /// dataset's layout and read-only descriptors of its files
   /// (common/query_protocol.h, Op::kLayout), then reads single vectors
-  /// with pread, one wake-up per read instead of two (README.md, "Local
-  /// queries"). False: every vector is read by the daemon.
+  /// with pread, one wake-up per read instead of two (docs/local-clients.md,
+  /// "Local queries"). False: every vector is read by the daemon.
   bool direct_reads = true;
 };
 

@@ -1,7 +1,7 @@
 // One shardcast.v1.Query/VectorsSession call: many GetVectors requests as
 // messages on one long-lived call, each answered by a reply with its id as
 // soon as it is ready (proto/shardcast/v1/shardcast.proto). A message costs
-// both sides less than a unary call (tests/bench/RESULTS.md, random access).
+// both sides less than a unary call (tests/bench/results/HISTORY.md, random access).
 // Requests are served like GetVectors calls: cached small ones inline on the
 // callback thread, the rest on the worker pool.
 #ifndef SHARDCAST_SERVER_TRANSPORT_SESSION_REACTOR_H_

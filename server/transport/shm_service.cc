@@ -257,7 +257,7 @@ void ShmService::Serve(Connection& c) {
   LogDebug("shared memory: region of ", reply.slots, " x ",
            HumanSize(reply.slot_bytes), " for pid ", c.pid, " (uid ", c.uid,
            ")");
-  // The first touch of fresh memory is slow (README.md, "Measuring"), and
+  // The first touch of fresh memory is slow (docs/benchmarks.md), and
   // batches should not pay it.
   {
     MutexLock lock(&populate_mu_);

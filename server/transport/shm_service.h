@@ -1,7 +1,7 @@
 // The shared-memory transport's side channel: a Unix socket beside the gRPC
 // one (`<socket>.shm`, same mode and group) on which a local client asks for
 // a region of batch slots and gets it as a sealed memfd (SCM_RIGHTS), with a
-// token its SharedStream call presents (common/shm_protocol.h; README.md,
+// token its SharedStream call presents (common/shm_protocol.h; docs/local-clients.md,
 // "Shared memory"). gRPC cannot carry descriptors, hence this socket.
 //
 // Security and lifetime: only processes that may open the socket can ask;

@@ -1,10 +1,10 @@
 // grpc_stream_bench: the reference for the Stream throughput requirement
 // ("warm gRPC path >= 0.8 x a bare gRPC byte-streaming loop on the same
-// socket", README.md, "Measuring"). It measures that bare loop: no dataset, no
+// socket", docs/benchmarks.md). It measures that bare loop: no dataset, no
 // disk, no batch assembly, only gRPC moving bytes over a Unix socket.
 //
 // The server is the daemon's Stream pattern minus the data work
-// (server/grpc_services.cc StreamReactor): a grpc::CallbackGenericService
+// (server/transport/stream_reactor.cc): a grpc::CallbackGenericService
 // whose reactor reads the request, then writes `--messages` messages of
 // `--message-bytes`, one write in flight, the next started from OnWriteDone.
 // Every message is a pre-filled buffer handed to gRPC as a static

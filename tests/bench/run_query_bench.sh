@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Random-access benchmark of shardcastd's Query service against fio 4 KiB
-# random reads of the same shard files, measured in the same run (README.md,
-# "Measuring": cold >= 0.8 x fio 4 KiB random-read IOPS; warm p50 for one vector < 1 ms).
+# random reads of the same shard files, measured in the same run (docs/benchmarks.md,
+# "Targets": cold >= 0.8 x fio 4 KiB random-read IOPS; warm p50 for one vector < 1 ms).
 #
 #   bash tests/bench/run_query_bench.sh          # from the repo root; ~3 minutes
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shuffled streaming through shared scans (README.md, "Measuring"), every figure a ratio
+# Shuffled streaming through shared scans (docs/benchmarks.md), every figure a ratio
 # against a reference measured in the same run:
 #   - cold and warm, 1 and 4 trainers (separate `shardcast stream` processes
 #     started together by `shardcast bench`): bytes/s per trainer against fio

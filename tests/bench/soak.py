@@ -93,7 +93,8 @@ Cleanup: every process it started and the scratch directory (unless --keep)
 are removed on normal exit, failure and Ctrl-C (children run in their own
 session, so Ctrl-C reaches only this script, which then cleans up).
 
-Results go in tests/bench/RESULTS.md ("Soak"): paste the report.
+Results: the report goes in tests/bench/results/HISTORY.md, the figure in
+tests/bench/results/current.json (then tests/bench/results_table.py).
 """
 
 import argparse
@@ -1478,7 +1479,7 @@ class Soak:
                        f"{f.get('VmHWM', 0) / MIB:.1f} MiB"
                        + (f"; slope after warm-up {slope:+.2f} MiB/min"
                           if slope is not None else "")))
-        # Each query thread opens its io_uring on first use (README: "batched
+        # Each query thread opens its io_uring on first use (docs/daemon.md: "batched
         # reads go through a per-thread io_uring"), so up to --query-threads
         # rings may appear after the baseline; everything else must return.
         max_fds = max(s["fds"] for s in self.samples)
@@ -1645,7 +1646,7 @@ def parse_args(argv):
                     "recording the daemon's RSS, fds and threads over time. Exit 0 "
                     "when they stay flat and nothing unexpected happened, 1 "
                     "otherwise. CI runs 1.5 minutes of it (tests/run.sh --soak).",
-        epilog=__doc__.split("What it does", 1)[1].split("Results go in")[0]
+        epilog=__doc__.split("What it does", 1)[1].split("Results: the report")[0]
         if "What it does" in __doc__ else None)
     ap.add_argument("--minutes", type=float, default=10.0,
                     help="how long the load runs (default 10)")

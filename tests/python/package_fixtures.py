@@ -9,7 +9,7 @@ Test modules import what they use from here, fixtures included:
 Expected values never come from the package or the daemon: `Reference`
 reads the dataset's files with numpy (saev_reference.py, written from the
 protocol documents), and every epoch is compared with the selection computed
-here from metadata.json (README.md, "The daemon", Stream):
+here from metadata.json (docs/daemon.md, Stream):
 
     selection, disk order: for e in examples, for l in layers, for t in tokens
     token_idx on the wire = token-axis index - cls_token (-1 is CLS)

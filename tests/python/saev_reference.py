@@ -1,7 +1,7 @@
 """Independent numpy implementation of the saev shard protocol (test oracle).
 
 Written from the protocol documents alone (seed 000: protocol "2.1"; seed 001:
-protocol "1.0.0"; README.md, "The data format" for the "2.1 as saev writes it"
+protocol "1.0.0"; docs/format.md for the "2.1 as saev writes it"
 variant). Nothing here calls or mirrors the project's C++ code: the writer
 produces dataset directories the way saev's Python does, the reader memmaps
 shards at the protocol offsets, and the synthetic-value oracle recomputes

@@ -3,7 +3,7 @@ grpc_python_plugin, against a real shardcastd.
 
 This is how other languages use shardcast: nothing here imports the project's
 Python package or C++ code. Expected values come from numpy memmap reads of
-the shard files at the protocol offsets of README.md, "The data format", implemented
+the shard files at the protocol offsets of docs/format.md, implemented
 below from metadata.json / shards.json alone:
 
     T = content tokens + cls_token, L = len(layers), S = budget // (T * L)

@@ -363,7 +363,7 @@ def test_daemonset_security_context(pod_spec, container):
 
 def test_daemonset_resources_cover_the_memory_bound(config, pod_spec, container):
     """requests.memory and limits.memory >= reservoir_bytes * 1.1 + 64 MiB
-    (DESIGN.md §5) for the ConfigMap's reservoir; a CPU request; a grace
+    (docs/benchmarks.md, "Targets") for the ConfigMap's reservoir; a CPU request; a grace
     period longer than shutdown_grace_seconds."""
     reservoir = config_bytes(config["reservoir_bytes"])
     bound = reservoir * 1.1 + 64 * MIB

@@ -265,8 +265,8 @@ def test_unit_hardening_and_roots(unit, example_config):
 
 
 def test_unit_memory_limits_follow_the_reservoir(unit, example_config):
-    """The daemon's bound is reservoir_bytes + 10 % + 64 MiB (README,
-    Measuring): MemoryHigh= sits at it (within 1 %), MemoryMax= above; a
+    """The daemon's bound is reservoir_bytes + 10 % + 64 MiB (docs/benchmarks.md,
+    "Targets"): MemoryHigh= sits at it (within 1 %), MemoryMax= above; a
     change of the example config's reservoir without the unit fails here."""
     bound = example_config["reservoir_bytes"] * 1.1 + 64 * MIB
     high = size(one(unit, "Service", "MemoryHigh"))

@@ -1,4 +1,4 @@
-"""The content hash must equal Python's byte for byte (README.md, "The data format").
+"""The content hash must equal Python's byte for byte (docs/format.md).
 
 Datasets are written by hand (saev_reference) into directories named with
 Python's own hash of their metadata; `shardcast info` must report the same

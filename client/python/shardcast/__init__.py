@@ -5,7 +5,7 @@
     for batch in client.stream(dataset_id, layer=12, batch_size=4096, epochs=1):
         train_step(batch.vectors)   # float32 [4096, d_model], a view of shared memory
 
-See README.md, "Python", for the API, shardcast.torch for a PyTorch
+See docs/python.md, for the API, shardcast.torch for a PyTorch
 IterableDataset, shardcast.compat.saev for saev's DataLoaders, and
 shardcast.write for writing datasets.
 """

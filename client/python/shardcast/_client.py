@@ -1,6 +1,6 @@
 """The client: a connection to one shardcastd, in pure Python over grpcio.
 
-Why pure Python (README.md, "Python"): the payload never passes through
+Why pure Python (docs/python.md): the payload never passes through
 Python. On a Unix socket the daemon writes each batch's vectors straight into
 a shared-memory slot this process maps, and a batch is a numpy view of that
 slot; only a small protobuf message (the batch's columns and the slot number)
@@ -291,7 +291,7 @@ class Client:
     On a Unix socket, streams get their batches in shared memory unless
     `shared_memory=False`; `slots` is how many batches the daemon may have
     ready for one stream (2 to 16); get_vectors goes through the daemon's
-    local query socket (no gRPC: README.md, "Local queries") unless
+    local query socket (no gRPC: docs/local-clients.md, "Local queries") unless
     `local_queries=False` or the daemon has none; there a single vector is
     read by this process itself, with a descriptor of the dataset's file the
     daemon hands over, unless `direct_reads=False` or the daemon offers none.
@@ -483,7 +483,7 @@ class Client:
                drop_last=False, exclude_labels=(), resume_token=b"", copy=False,
                shared_memory=None, dtype="float32", scale_norm=False, center=False,
                node_rank=0, node_count=0):
-        """A Stream of Batch objects (README.md, "The daemon", Stream).
+        """A Stream of Batch objects (docs/daemon.md, Stream).
 
         `layer`: a recorded layer value, or None for all layers; `tokens`:
         "content", "special" (CLS) or "all"; `order`: "shuffled" (trainers:

@@ -1,4 +1,4 @@
-"""The client's half of the local query socket (README.md, "Local queries").
+"""The client's half of the local query socket (docs/local-clients.md, "Local queries").
 
 A client on the daemon's node asks get_vectors on ``<unix socket path>.query``
 (SOCK_SEQPACKET) instead of gRPC: each connection hands the daemon a memfd

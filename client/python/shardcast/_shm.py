@@ -1,4 +1,4 @@
-"""The client's half of the shared-memory path (README.md, "Shared memory").
+"""The client's half of the shared-memory path (docs/local-clients.md, "Shared memory").
 
 A local client connects to the daemon's shared-memory socket (``<unix socket
 path>.shm``, SOCK_SEQPACKET), asks for a region of batch slots and receives it

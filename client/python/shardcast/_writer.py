@@ -3,7 +3,7 @@
 shardcast.write runs `shardcast write` (the C++ CLI), so a dataset written
 from an extraction script is byte for byte what the CLI writes: protocol
 "2.1", the Python-exact content hash, one pass into a temporary directory,
-fsync, atomic rename (README.md, "CLI"). The arrays go to the CLI as .npy
+fsync, atomic rename (docs/cli.md). The arrays go to the CLI as .npy
 files; arrays already saved as .npy are passed as they are.
 """
 

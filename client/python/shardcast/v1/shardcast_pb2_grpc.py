@@ -212,7 +212,7 @@ class QueryServicer(object):
         carries an id, and its reply (the vectors, or that request's error)
         carries the same id, in the order the replies are ready, which need not
         be the order asked. A message costs both sides less than a unary call
-        (tests/bench/RESULTS.md, random access), so a client whose threads ask
+        (tests/bench/results/HISTORY.md, random access), so a client whose threads ask
         for a few vectors at a time keeps one session open instead. A request's
         error ends only that request; a malformed message ends the call
         (INVALID_ARGUMENT). The client ends the call by closing its side; the
@@ -435,7 +435,7 @@ class StreamServicer(object):
         message (Batch.slot says which; Batch.vectors is empty). The client gets
         the region (a sealed memfd, passed over the daemon's shared-memory
         socket, <unix socket path>.shm) before it opens this stream; see
-        README.md, "Shared memory". The first message carries the request and
+        docs/local-clients.md, "Shared memory". The first message carries the request and
         the region's token; later messages return slots the client has read.
         The daemon never writes into a slot the client holds, so it sends at
         most as many batches ahead as the region has slots. Available on the
