@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "common/tsan.h"
+
 namespace shardcast {
 
 BufferPool::~BufferPool() {
@@ -31,6 +33,8 @@ PooledBuffer* BufferPool::Get(size_t size) {
 }
 
 void BufferPool::Return(void* buffer) {
+  // Called by gRPC, after its own reference count, which TSan cannot see.
+  TsanAcquire(buffer);
   auto* b = static_cast<PooledBuffer*>(buffer);
   b->pool->Put(b);
 }

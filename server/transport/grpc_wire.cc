@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/tsan.h"
 #include "grpc/slice.h"
 #include "grpc/slice_buffer.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -65,10 +66,18 @@ grpc::ByteBuffer WithPayloadField(std::string header, int field,
 // Pins of view slices gRPC still holds (ViewSlicesOutstanding).
 std::atomic<int64_t> g_view_pins{0};
 
-// One pin of a VectorViews, owned by the slice made over its runs.
+// One pin of a VectorViews, owned by the slice made over its runs. gRPC
+// frees it on one of its threads after its own (uninstrumented) reference
+// count: Make and Destroy say that ordering to TSan.
 struct ViewPin {
   std::shared_ptr<const void> owner;
+  static ViewPin* Make(std::shared_ptr<const void> owner) {
+    ViewPin* pin = new ViewPin{std::move(owner)};
+    TsanRelease(pin);
+    return pin;
+  }
   static void Destroy(void* pin) {
+    TsanAcquire(pin);
     delete static_cast<ViewPin*>(pin);
     g_view_pins.fetch_sub(1, std::memory_order_release);
   }
@@ -144,6 +153,7 @@ grpc::ByteBuffer BatchReply(StreamBatch& b, int64_t d_model,
                             PooledBuffer* buffer, size_t vector_bytes) {
   v1::Batch header;
   BatchHeader(b, d_model, &header);
+  TsanRelease(buffer);  // BufferPool::Return acquires, on a gRPC thread
   return WithPayloadField(
       header.SerializeAsString(), v1::Batch::kVectorsFieldNumber,
       grpc::Slice(buffer->data, vector_bytes, &BufferPool::Return, buffer));
@@ -180,7 +190,7 @@ grpc::ByteBuffer ViewsBatchReply(StreamBatch& b, int64_t d_model,
           owners.push_back(grpc_slice_new_with_user_data(
               const_cast<char*>(spans[p].begin),
               static_cast<size_t>(spans[p].end - spans[p].begin),
-              &ViewPin::Destroy, new ViewPin{std::move(views->pins[p])}));
+              &ViewPin::Destroy, ViewPin::Make(std::move(views->pins[p]))));
         }
         for (const VectorViews::Run& r : views->runs) {
           const size_t at = static_cast<size_t>(r.data - spans[r.pin].begin);
