@@ -1,7 +1,7 @@
-#include "client/call_combiner.h"
-
 #include <algorithm>
 #include <utility>
+
+#include "client/call_combiner_internal.h"
 
 namespace shardcast {
 namespace internal_client {
@@ -132,11 +132,10 @@ absl::StatusOr<VectorBlock> CallCombiner::Share(
   const size_t total = group.coords.size();
   const absl::StatusOr<VectorBlock>& r = group.result;
   if (!r.ok() && !MayBeOneRequests(r.status().code())) return r.status();
-  const bool fits = r.ok() && r->shape.size() == 2 && r->shape[0] >= 0 &&
-                    static_cast<size_t>(r->shape[0]) == total &&
-                    r->shape[1] >= 0 &&
-                    r->values.size() ==
-                        total * static_cast<size_t>(r->shape[1]);
+  const bool fits =
+      r.ok() && r->shape.size() == 2 && r->shape[0] >= 0 &&
+      static_cast<size_t>(r->shape[0]) == total && r->shape[1] >= 0 &&
+      r->values.size() == total * static_cast<size_t>(r->shape[1]);
   if (!fits) return Retry(group, dataset, coords);
   const size_t d = static_cast<size_t>(r->shape[1]);
   const absl::Span<const float> rows =

@@ -1,5 +1,3 @@
-#include "client/call_combiner.h"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/call_combiner_internal.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {
@@ -116,8 +115,8 @@ void ExpectRows(const absl::StatusOr<VectorBlock>& got,
                 const std::string& dataset,
                 const std::vector<VectorCoord>& coords) {
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->shape, (std::vector<int64_t>{
-                            static_cast<int64_t>(coords.size()), 4}));
+  ASSERT_EQ(got->shape,
+            (std::vector<int64_t>{static_cast<int64_t>(coords.size()), 4}));
   ASSERT_EQ(got->values.size(), coords.size() * 4);
   for (size_t i = 0; i < coords.size(); ++i) {
     EXPECT_EQ(got->values[i * 4 + 0], static_cast<float>(dataset.size()))
@@ -135,7 +134,8 @@ std::vector<VectorCoord> Coords(int64_t example, int n) {
 }
 
 void WaitUntil(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!done()) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "timed out";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -146,7 +146,8 @@ void WaitUntil(const std::function<bool()>& done) {
 // call in flight), so that the next requests queue; ReleaseAll joins it.
 std::thread HoldOneCall(FakeDaemon* fake, CallCombiner* combiner) {
   fake->Close();
-  std::thread first([combiner] { (void)combiner->GetVectors("ds", Coords(9, 1)); });
+  std::thread first(
+      [combiner] { (void)combiner->GetVectors("ds", Coords(9, 1)); });
   WaitUntil([fake] { return fake->entered() == 1; });
   return first;
 }
@@ -188,8 +189,7 @@ TEST(CallCombinerTest, RequestsQueuedTogetherShareOneCall) {
   CallCombiner combiner(fake.AsCall(), 1, 1024);
   fake.Close();
   std::thread first([&] {
-    ExpectRows(combiner.GetVectors("ds", Coords(100, 2)), "ds",
-               Coords(100, 2));
+    ExpectRows(combiner.GetVectors("ds", Coords(100, 2)), "ds", Coords(100, 2));
   });
   WaitUntil([&] { return fake.entered() == 1; });
   std::vector<std::thread> rest;
@@ -353,7 +353,8 @@ TEST(CallCombinerTest, GroupsKeepToOneDatasetAndTheSizeLimit) {
   };
   StartQueued(&threads, &combiner, request("ds", 1, 5));  // group 1
   StartQueued(&threads, &combiner, request("ds", 2, 3));  // fits: group 1 has 8
-  StartQueued(&threads, &combiner, request("ds", 3, 1));  // group 1 full: group 2
+  StartQueued(&threads, &combiner,
+              request("ds", 3, 1));  // group 1 full: group 2
   StartQueued(&threads, &combiner, request("other", 4, 2));  // group 3
   threads.emplace_back(request("ds", 5, 8));  // max_vectors: sent at once
   WaitUntil([&] { return fake.entered() == 2; });

@@ -1,4 +1,4 @@
-#include "client/client.h"
+#include "shardcast/client.h"
 
 #include <sys/stat.h>
 
@@ -16,15 +16,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/call_combiner.h"
-#include "client/local_queries.h"
-#include "client/query_session.h"
+#include "client/call_combiner_internal.h"
+#include "client/local_queries_internal.h"
+#include "client/query_session_internal.h"
 #include "client/shared_memory_internal.h"
-#include "client/vector_rows.h"
-#include "common/file.h"
-#include "common/mutex.h"
-#include "common/query_protocol.h"
-#include "common/status.h"
+#include "client/vector_rows_internal.h"
+#include "common/base/file.h"
+#include "common/base/mutex.h"
+#include "common/base/status.h"
+#include "common/local/query_protocol.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -499,7 +499,7 @@ struct Client::Impl {
   std::unique_ptr<v1::Query::Stub> query;
   std::unique_ptr<v1::Stream::Stub> stream;
   internal_client::QuerySession session{query.get()};  // small GetVectors
-  internal_client::CallCombiner vectors;  // GetVectors calls
+  internal_client::CallCombiner vectors;               // GetVectors calls
   // GetVectors on the local query socket; null: over gRPC.
   std::unique_ptr<internal_client::LocalQueries> local_queries;
   // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.

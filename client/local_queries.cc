@@ -1,5 +1,3 @@
-#include "client/local_queries.h"
-
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -15,11 +13,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/file.h"
-#include "common/query_protocol.h"
-#include "common/status.h"
-#include "common/unix_socket.h"
-#include "common/vector_layout.h"
+#include "client/local_queries_internal.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
+#include "common/local/query_protocol.h"
+#include "common/local/unix_socket.h"
+#include "common/local/vector_layout.h"
 
 namespace shardcast {
 namespace internal_client {

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "shardcast/client.h"
 #include "shardcast/v1/shardcast.grpc.pb.h"
 
 namespace shardcast {

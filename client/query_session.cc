@@ -1,9 +1,8 @@
-#include "client/query_session.h"
-
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/query_session_internal.h"
 #include "proto/grpc_status.h"
 
 namespace shardcast {

@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/shared_memory_internal.h"
-#include "common/shm_protocol.h"
-#include "common/status.h"
+#include "common/base/status.h"
+#include "common/local/shm_protocol.h"
 
 namespace shardcast {
 namespace internal_client {

@@ -1,6 +1,6 @@
-// The client's half of the shared-memory path (docs/local-clients.md, "Shared memory";
-// the messages are in common/shm_protocol.h): a region of batch slots got
-// from the daemon's shared-memory socket and mapped read-only here.
+// The client's half of the shared-memory path (docs/local-clients.md, "Shared
+// memory"; the messages are in common/local/shm_protocol.h): a region of batch
+// slots got from the daemon's shared-memory socket and mapped read-only here.
 #ifndef SHARDCAST_CLIENT_SHARED_MEMORY_INTERNAL_H_
 #define SHARDCAST_CLIENT_SHARED_MEMORY_INTERNAL_H_
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/file.h"
+#include "common/base/file.h"
 
 namespace shardcast {
 namespace internal_client {

@@ -1,11 +1,10 @@
-#include "client/vector_rows.h"
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/vector_rows_internal.h"
 
 namespace shardcast {
 namespace internal_client {

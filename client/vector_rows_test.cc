@@ -1,11 +1,10 @@
 // RowAssembler against hand-made parts: every row lands at its index
 // whatever the order of parts, and every way a reply can fail to add up is
 // DATA_LOSS naming it.
-#include "client/vector_rows.h"
-
 #include <string>
 #include <vector>
 
+#include "client/vector_rows_internal.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {

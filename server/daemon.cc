@@ -15,29 +15,29 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/file.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/mutex.h"
-#include "common/query_protocol.h"
-#include "common/shm_protocol.h"
-#include "common/status.h"
-#include "common/tsan.h"
+#include "common/base/file.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/base/mutex.h"
+#include "common/base/status.h"
+#include "common/base/tsan.h"
+#include "common/local/query_protocol.h"
+#include "common/local/shm_protocol.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/engine/engine.h"
 #include "server/engine/resume_token.h"
 #include "server/transport/address.h"
-#include "server/transport/admin_service.h"
-#include "server/transport/buffer_pool.h"
-#include "server/transport/context.h"
-#include "server/transport/grpc_wire.h"
-#include "server/transport/http_admin.h"
-#include "server/transport/local_acceptor.h"
-#include "server/transport/local_query_service.h"
+#include "server/transport/grpc/admin_service.h"
+#include "server/transport/grpc/buffer_pool.h"
+#include "server/transport/grpc/context.h"
+#include "server/transport/grpc/grpc_wire.h"
+#include "server/transport/grpc/local_acceptor.h"
+#include "server/transport/grpc/payload_router.h"
+#include "server/transport/http/http_admin.h"
+#include "server/transport/local/local_query_service.h"
+#include "server/transport/local/shm_service.h"
 #include "server/transport/metrics.h"
-#include "server/transport/payload_router.h"
-#include "server/transport/shm_service.h"
 #include "server/transport/worker_pool.h"
 
 namespace shardcast {
@@ -252,7 +252,7 @@ struct Daemon::Impl {
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
   std::unique_ptr<LocalAcceptor> local;  // the Unix socket (null without)
-  std::unique_ptr<ShmService> shm;  // null: shared memory is off
+  std::unique_ptr<ShmService> shm;       // null: shared memory is off
   // Null: local queries are off, or the kernel has no io_uring.
   std::unique_ptr<LocalQueryService> local_queries;
   std::unique_ptr<PayloadRouter> router;

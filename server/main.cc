@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/exit_now.h"
-#include "common/log.h"
-#include "common/version.h"
+#include "common/base/exit_now.h"
+#include "common/base/log.h"
+#include "common/base/version.h"
 #include "server/daemon.h"
 #include "server/options.h"
 

@@ -10,12 +10,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/cli_args.h"
-#include "common/file.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/pyjson.h"
-#include "common/status.h"
+#include "common/base/cli_args.h"
+#include "common/base/file.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
+#include "common/format/pyjson.h"
 
 namespace shardcast {
 namespace {

@@ -30,10 +30,10 @@ struct DaemonOptions {
   std::string unix_socket;
   std::string socket_group;  // chgrp the socket to this group when set
   /// Without it, local clients get batches in shared memory through
-  /// `<unix_socket>.shm` (server/transport/shm_service.h).
+  /// `<unix_socket>.shm` (server/transport/local/shm_service.h).
   bool disable_shared_memory = false;
   /// Without it, local clients' GetVectors calls go through
-  /// `<unix_socket>.query` (server/transport/local_query_service.h).
+  /// `<unix_socket>.query` (server/transport/local/local_query_service.h).
   bool disable_local_queries = false;
   /// With it, local query clients never get descriptors of dataset files:
   /// the daemon reads every vector (LocalQueryOptions::direct_reads).
@@ -63,7 +63,7 @@ struct DaemonOptions {
   /// socket writes of gRPC batches); -1: DefaultQueryThreads of the cores
   /// this process may run on.
   int64_t query_threads = -1;
-  /// LocalQueryOptions::spin_us (server/transport/local_query_service.h).
+  /// LocalQueryOptions::spin_us (server/transport/local/local_query_service.h).
   int64_t local_query_spin_us = 0;
   /// LocalQueryOptions::threads; -1: DefaultLocalQueryThreads of the cores
   /// this process may run on.
@@ -118,10 +118,11 @@ struct DaemonOptions {
   int LocalQueryThreads() const;
 };
 
-/// Half the cores, at least 4, at most 16. Measured on 16 cores (tests/bench/results/HISTORY.md,
-/// "The GPU machine, again"): 8 warm gRPC streams went 16.1-16.4 -> 18.5-19.1
-/// GB/s together from 4 threads to 8-16, each of the 4 busy 100 % writing
-/// batches into sockets; one stream moved no differently.
+/// Half the cores, at least 4, at most 16. Measured on 16 cores
+/// (tests/bench/results/HISTORY.md, "The GPU machine, again"): 8 warm gRPC
+/// streams went 16.1-16.4 -> 18.5-19.1 GB/s together from 4 threads to 8-16,
+/// each of the 4 busy 100 % writing batches into sockets; one stream moved no
+/// differently.
 int DefaultQueryThreads(int cores);
 
 /// Half the cores, at least 2, at most 8. One thread answers one call in

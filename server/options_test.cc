@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "common/file.h"
-#include "common/testing.h"
+#include "common/base/file.h"
+#include "common/testing/testing.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {

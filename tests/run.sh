@@ -88,7 +88,7 @@ ctest_phase() {
   # GCC's -g1 drops inlined frames, and tests/tsan.supp matches
   # gRPC/Abseil/protobuf functions that are inlined into ours. Without
   # variable tracking (variables' locations only; inlined frames and line
-  # tables stay) its compiles take 6-16 % less (common/stats.cc 15.3 s vs
+  # tables stay) its compiles take 6-16 % less (common/format/stats.cc 15.3 s vs
   # 12.9 s with TSan; the TSan build was CI's longest, 582 s).
   local debug=-g1
   [[ $san == thread ]] && debug="-g -fno-var-tracking"

@@ -34,13 +34,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/cli/commands.h"
-#include "client/client.h"
-#include "common/cpu_time.h"
-#include "common/file.h"
-#include "common/proc_fields.h"
-#include "common/pyjson.h"
-#include "common/status.h"
+#include "common/base/cpu_time.h"
+#include "common/base/file.h"
+#include "common/base/proc_fields.h"
+#include "common/base/status.h"
+#include "common/format/pyjson.h"
 #include "nlohmann/json.hpp"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli_args.h"
+#include "common/base/cli_args.h"
 
 namespace shardcast {
 
@@ -64,7 +64,7 @@ Command ExportCommand();
 
 /// `info` on a safetensors file or an lmprobe dataset directory rather than
 /// a saev dataset (safetensors_info.cc): true when `path` is a regular file,
-/// or a directory that looks like an lmprobe dataset (common/lmprobe.h).
+/// or a directory that looks like an lmprobe dataset (common/format/lmprobe.h).
 bool IsSafetensorsOrLmprobe(const std::string& path);
 /// Prints the header of a safetensors file, or the description of an
 /// lmprobe dataset directory; returns the exit code.

@@ -27,13 +27,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
-#include "client/client.h"
-#include "common/cli_args.h"
-#include "common/dataset.h"
-#include "common/file.h"
-#include "common/proc_fields.h"
-#include "common/pyjson.h"
-#include "common/status.h"
+#include "common/base/cli_args.h"
+#include "common/base/file.h"
+#include "common/base/proc_fields.h"
+#include "common/base/status.h"
+#include "common/format/dataset.h"
+#include "common/format/pyjson.h"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {
@@ -432,7 +432,8 @@ Check CheckMemory(const Subject& s) {
   const uint64_t reservoir = s.reservoir_bytes.has_value() ? *s.reservoir_bytes
                              : s.daemon.has_value() ? s.daemon->reservoir_bytes
                                                     : kDefaultReservoirBytes;
-  // The daemon's bound (docs/benchmarks.md, "Targets": reservoir + 10 % + 64 MiB).
+  // The daemon's bound (docs/benchmarks.md, "Targets": reservoir + 10 % + 64
+  // MiB).
   const uint64_t needed = reservoir + reservoir / 10 + 64 * kMiB;
   const absl::StatusOr<ProcFields> meminfo = ProcFields::Read("/proc/meminfo");
   const std::optional<uint64_t> total =
@@ -487,7 +488,8 @@ std::string ExactSize(uint64_t bytes) {
 
 // The kernel caps SO_SNDBUF at net.core.wmem_max (socket(7)); below the
 // daemon's socket_send_buffer, a 16 MiB gRPC batch crosses a local socket in
-// more rounds of fill, wait and wake-up (tests/bench/results/HISTORY.md: warm gRPC streams).
+// more rounds of fill, wait and wake-up (tests/bench/results/HISTORY.md: warm
+// gRPC streams).
 Check CheckSocketBuffer(const Subject& s) {
   Check c{"sockets", Verdict::kOk, ""};
   const std::optional<uint64_t> cap =

@@ -15,12 +15,12 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
 #include "client/cli/progress.h"
-#include "common/checked.h"
-#include "common/pyjson.h"
-#include "common/reader.h"
-#include "common/safetensors.h"
-#include "common/status.h"
-#include "common/version.h"
+#include "common/base/checked.h"
+#include "common/base/status.h"
+#include "common/base/version.h"
+#include "common/format/pyjson.h"
+#include "common/format/reader.h"
+#include "common/format/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {

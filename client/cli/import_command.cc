@@ -15,7 +15,7 @@
 // Shards are read one at a time: the compressed file is hashed and
 // decompressed in one streaming pass, the digest is checked against
 // metadata.json before a single byte is unpickled, and the restricted
-// unpickler (common/pickle.h) never runs code from the file.
+// unpickler (common/convert/pickle.h) never runs code from the file.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -39,13 +39,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
-#include "common/file.h"
-#include "common/pickle.h"
-#include "common/samples.h"
-#include "common/pyjson.h"
-#include "common/sha256.h"
-#include "common/status.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
+#include "common/convert/pickle.h"
+#include "common/format/pyjson.h"
+#include "common/format/samples.h"
+#include "common/format/sha256.h"
+#include "common/format/writer.h"
 
 namespace shardcast {
 namespace {

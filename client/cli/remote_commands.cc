@@ -17,11 +17,11 @@
 #include "absl/time/clock.h"
 #include "client/cli/commands.h"
 #include "client/cli/stream_check_internal.h"
-#include "client/client.h"
-#include "common/file.h"
-#include "common/pyjson.h"
-#include "common/status.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
+#include "common/format/pyjson.h"
 #include "nlohmann/json.hpp"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {
@@ -180,10 +180,9 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
   auto seed = args.GetInt("seed", 0);
   auto layer = args.GetInt("layer", 0);
   auto exclude = args.GetIntList("exclude-labels", "");
-  for (const absl::Status& s :
-       {batch.status(), epochs.status(), rank.status(), world.status(),
-        seed.status(), layer.status(), node_rank.status(),
-        node_count.status()}) {
+  for (const absl::Status& s : {batch.status(), epochs.status(), rank.status(),
+                                world.status(), seed.status(), layer.status(),
+                                node_rank.status(), node_count.status()}) {
     RETURN_IF_ERROR(s);
   }
   if (args.Has("exclude-labels")) {
@@ -583,7 +582,8 @@ std::vector<OptionSpec> StreamRequestOptions() {
       {"scale-norm", nullptr,
        "scale each layer's vectors to a mean L2 norm of sqrt(d_model), with "
        "the dataset's statistics (`shardcast stats`)"},
-      {"center", nullptr, "subtract each layer's mean vector (statistics as "
+      {"center", nullptr,
+       "subtract each layer's mean vector (statistics as "
        "for --scale-norm)"},
       {"max-batches", "N",
        "stop after N batches, cancelling the stream (to resume it later)"},

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
-#include "common/lmprobe.h"
-#include "common/pyjson.h"
-#include "common/safetensors.h"
+#include "common/format/lmprobe.h"
+#include "common/format/pyjson.h"
+#include "common/format/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {

@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "client/cli/commands.h"
-#include "client/client.h"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {

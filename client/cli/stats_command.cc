@@ -1,7 +1,7 @@
 // `shardcast stats DIR`: per-layer statistics of a local dataset (counts,
 // mean norms, means, centered mean norms per token group), computed in two
 // reads of the shards and kept in the checksummed sidecar
-// DIR/shardcast_stats.json (common/stats.h).
+// DIR/shardcast_stats.json (common/format/stats.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,11 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "client/cli/progress.h"
-#include "common/file.h"
-#include "common/pyjson.h"
-#include "common/reader.h"
-#include "common/stats.h"
-#include "common/status.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
+#include "common/format/pyjson.h"
+#include "common/format/reader.h"
+#include "common/format/stats.h"
 #include "nlohmann/json.hpp"
 
 namespace shardcast {

@@ -90,9 +90,10 @@ absl::StatusOr<std::unique_ptr<StreamChecker>> StreamChecker::Create(
   // only checked over all groups (each vector still follows the rank rule).
   c->coverage_known_ = !(c->shuffled_ && node_count > 1);
   if (!c->coverage_known_) {
-    c->group_note_ = absl::StrCat("node group ", node_rank, " of ", node_count,
-                            ": repeats and the selection/rank rule checked, "
-                            "coverage only over all groups");
+    c->group_note_ =
+        absl::StrCat("node group ", node_rank, " of ", node_count,
+                     ": repeats and the selection/rank rule checked, "
+                     "coverage only over all groups");
   }
   c->batch_size_ = std::max<int64_t>(1, request.batch_size);
   c->drop_last_ = request.drop_last;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/client.h"
 #include "nlohmann/json.hpp"
+#include "shardcast/client.h"
 
 namespace shardcast {
 

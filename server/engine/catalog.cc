@@ -9,9 +9,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/file.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/file.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 namespace shardcast {
 

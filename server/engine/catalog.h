@@ -13,9 +13,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/dataset.h"
-#include "common/mutex.h"
-#include "common/reader.h"
+#include "common/base/mutex.h"
+#include "common/format/dataset.h"
+#include "common/format/reader.h"
 
 namespace shardcast {
 

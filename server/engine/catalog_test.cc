@@ -8,8 +8,8 @@
 #include <fstream>
 #include <vector>
 
-#include "common/file.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/format/writer.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {

@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/dataset.h"
-#include "common/mutex.h"
+#include "common/base/mutex.h"
+#include "common/format/dataset.h"
 
 namespace shardcast {
 

@@ -3,8 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "server/engine/ordered_stream.h"
 #include "server/engine/shuffled_stream.h"
 

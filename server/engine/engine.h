@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
-#include "common/stats.h"
+#include "common/base/mutex.h"
+#include "common/format/stats.h"
 #include "server/engine/batch_source.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
@@ -131,7 +131,7 @@ class Engine {
   /// The engine's figures now (reservoir, scans, bytes read, datasets).
   EngineFigures Figures() const;
 
-  /// A dataset's statistics (common/stats.h) for scale_norm and center:
+  /// A dataset's statistics (common/format/stats.h) for scale_norm and center:
   /// its sidecar when present and valid, else computed now from the data
   /// (a full read of the dataset, logged; kept in memory, never written
   /// into the roots). Loaded or computed once per dataset, outside any lock

@@ -44,7 +44,7 @@ struct EngineFigures {
   uint64_t reservoir_bytes_in_use = 0;
   uint64_t reservoir_bytes_reserved = 0;
   uint64_t reservoir_bytes_touched = 0;  // pages in memory (--prefault)
-  uint64_t blocks_read = 0;  // by the shared scans
+  uint64_t blocks_read = 0;              // by the shared scans
   /// Bytes read from shard files: queries, ordered streams, shared scans.
   uint64_t bytes_read = 0;
   /// The part of bytes_read that queries read with O_DIRECT.

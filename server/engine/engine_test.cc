@@ -10,8 +10,8 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "common/file.h"
-#include "common/testing.h"
+#include "common/base/file.h"
+#include "common/testing/testing.h"
 #include "gtest/gtest.h"
 #include "server/engine/stream_test_util.h"
 

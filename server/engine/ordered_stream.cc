@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checked.h"
-#include "common/limits.h"
-#include "common/status.h"
+#include "common/base/checked.h"
+#include "common/base/limits.h"
+#include "common/base/status.h"
 #include "server/engine/resume_token.h"
 #include "server/io/uring.h"
 
@@ -149,8 +149,7 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
           op.path = &reader_->shard_path(row_start.shard);
           op.offset = row_start.offset + static_cast<uint64_t>(run_start) * vb;
           op.length = static_cast<size_t>(end - run_start) * vb;
-          op.dest =
-              into + static_cast<size_t>(filled - (end - run_start)) * vb;
+          op.dest = into + static_cast<size_t>(filled - (end - run_start)) * vb;
           ops.push_back(op);
           run_start = -1;
         };

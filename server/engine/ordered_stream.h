@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/reader.h"
+#include "common/format/reader.h"
 #include "server/engine/batch_source.h"
 #include "server/engine/selection.h"
 

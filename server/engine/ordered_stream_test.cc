@@ -9,9 +9,9 @@
 #include <tuple>
 #include <vector>
 
-#include "common/file.h"
-#include "common/synth.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
 #include "gtest/gtest.h"
 #include "server/engine/stream_test_util.h"
 

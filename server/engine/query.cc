@@ -7,8 +7,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
+#include "common/format/layout_of.h"
 #include "server/io/uring.h"
 
 namespace shardcast {
@@ -122,7 +123,7 @@ absl::StatusOr<std::pair<uint64_t, VectorLayout>> QueryEngine::Layout(
     absl::string_view dataset) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
-  return std::make_pair(reader->serial(), VectorLayout::Of(reader->desc()));
+  return std::make_pair(reader->serial(), LayoutOf(reader->desc()));
 }
 
 absl::StatusOr<std::vector<UniqueFd>> QueryEngine::OpenFiles(

@@ -19,10 +19,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/file.h"
-#include "common/mutex.h"
-#include "common/samples.h"
-#include "common/vector_layout.h"
+#include "common/base/file.h"
+#include "common/base/mutex.h"
+#include "common/format/samples.h"
+#include "common/local/vector_layout.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
 #include "server/io/page_residency.h"
@@ -76,7 +76,8 @@ enum class ColdReads {
   /// (vectors at 4 KiB multiples, a filesystem that takes O_DIRECT, and a
   /// page cache whose residency the kernel reports to the daemon): no
   /// page-cache insertion, about 1 us of CPU per 4 KiB read instead of 5-7
-  /// (tests/bench/results/HISTORY.md). Cached vectors still come from the cache.
+  /// (tests/bench/results/HISTORY.md). Cached vectors still come from the
+  /// cache.
   kDirect,
   /// Through the page cache, like cached ones: for calls whose vectors are
   /// worth keeping there, or one of whose vectors is already being read
@@ -135,9 +136,9 @@ class QueryEngine {
   absl::StatusOr<std::string> GetLabels(absl::string_view dataset,
                                         int64_t example) const;
   /// The JSON record of one example in the dataset's samples.json
-  /// (common/samples.h; indexed on first use and kept). NOT_FOUND without
-  /// one; OUT_OF_RANGE; DATA_LOSS naming the file when it does not match
-  /// the dataset.
+  /// (common/format/samples.h; indexed on first use and kept). NOT_FOUND
+  /// without one; OUT_OF_RANGE; DATA_LOSS naming the file when it does not
+  /// match the dataset.
   absl::StatusOr<std::string> GetExampleInfo(absl::string_view dataset,
                                              int64_t example) const;
 

@@ -1,8 +1,8 @@
 // Where QueryEngine reads vectors from: cold ones of a dataset whose vectors
 // are 4 KiB multiples with O_DIRECT (left out of the page cache), cached ones
 // and every one of other datasets through the page cache. Expected values
-// come from the generator (common/synth.h) at the protocol's offsets; what is
-// cached is asked of the kernel (RWF_NOWAIT reads, mincore).
+// come from the generator (common/format/synth.h) at the protocol's offsets;
+// what is cached is asked of the kernel (RWF_NOWAIT reads, mincore).
 #include "server/engine/query.h"
 
 #include <fcntl.h>
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/file.h"
-#include "common/synth.h"
-#include "common/testing.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
+#include "common/testing/testing.h"
 #include "gtest/gtest.h"
 #include "server/engine/catalog.h"
 #include "server/io/page_residency.h"

@@ -27,8 +27,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/file.h"
-#include "common/mutex.h"
+#include "common/base/file.h"
+#include "common/base/mutex.h"
 #include "server/engine/reservoir.h"
 #include "server/io/mapped_file.h"
 #include "server/io/uring.h"

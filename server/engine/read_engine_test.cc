@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/file.h"
-#include "common/mutex.h"
+#include "common/base/file.h"
+#include "common/base/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/reservoir.h"

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/log.h"
+#include "common/base/log.h"
 
 namespace shardcast {
 namespace {

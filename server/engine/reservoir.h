@@ -5,12 +5,12 @@
 //
 // Memory is one anonymous mapping made at start. First touch of fresh memory
 // is slow (on the 2-core VMs the kernel's zeroing of a new huge page was 16 %
-// of a fresh daemon's CPU in a cold 8-trainer run: tests/bench/results/HISTORY.md),
-// so with Prefault::kBackground a thread of the lowest priority (nice 19)
-// touches the free slots, lowest index first, while nothing is reserved (no
-// stream running); a slot in use is never written by it. Free slots are handed
-// out lowest index first, so a daemon that needs little memory keeps reusing
-// the same warm pages.
+// of a fresh daemon's CPU in a cold 8-trainer run:
+// tests/bench/results/HISTORY.md), so with Prefault::kBackground a thread of
+// the lowest priority (nice 19) touches the free slots, lowest index first,
+// while nothing is reserved (no stream running); a slot in use is never written
+// by it. Free slots are handed out lowest index first, so a daemon that needs
+// little memory keeps reusing the same warm pages.
 //
 // Admission: each shuffled stream reserves the slots it may pin (its shuffle
 // window plus its lag bound, see SharedScan). Reserve() refuses a stream the
@@ -33,7 +33,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/mutex.h"
+#include "common/base/mutex.h"
 
 namespace shardcast {
 
@@ -48,8 +48,8 @@ enum class Prefault {
 absl::StatusOr<Prefault> ParsePrefault(absl::string_view name);
 
 struct ReservoirOptions {
-  uint64_t bytes = 2ull << 30;       // total; rounded down to whole slots
-  uint64_t slot_bytes = 4ull << 20;  // one block; rounded up to 64 bytes
+  uint64_t bytes = 2ull << 30;         // total; rounded down to whole slots
+  uint64_t slot_bytes = 4ull << 20;    // one block; rounded up to 64 bytes
   Prefault prefault = Prefault::kOff;  // the daemon's default: kBackground
 };
 

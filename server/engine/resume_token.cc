@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/sha256.h"
+#include "common/format/sha256.h"
 
 namespace shardcast {
 
@@ -78,8 +78,8 @@ uint64_t StreamFingerprint(absl::string_view kind, absl::string_view dataset,
       spec.node_count > 1
           ? absl::StrCat("|node ", spec.node_rank, "/", spec.node_count)
           : "",
-      "|", spec.drop_last, extra.empty() ? "" : "|", extra,
-      "|", absl::StrJoin(spec.exclude_labels, ",")));
+      "|", spec.drop_last, extra.empty() ? "" : "|", extra, "|",
+      absl::StrJoin(spec.exclude_labels, ",")));
   return std::stoull(h.HexDigest().substr(0, 16), nullptr, 16);
 }
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/sha256.h"
+#include "common/format/sha256.h"
 #include "server/engine/selection.h"
 
 namespace shardcast {

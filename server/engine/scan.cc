@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/log.h"
-#include "common/status.h"
-#include "common/synth.h"
+#include "common/base/log.h"
+#include "common/base/random.h"
+#include "common/base/status.h"
 #include "server/io/page_residency.h"
 
 namespace shardcast {

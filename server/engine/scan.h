@@ -66,8 +66,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
-#include "common/reader.h"
+#include "common/base/mutex.h"
+#include "common/format/reader.h"
 #include "server/engine/engine_status.h"
 #include "server/engine/gather_pool.h"
 #include "server/engine/index_set.h"

@@ -17,9 +17,9 @@
 #include <set>
 #include <vector>
 
-#include "common/file.h"
-#include "common/synth.h"
-#include "common/testing.h"
+#include "common/base/file.h"
+#include "common/format/synth.h"
+#include "common/testing/testing.h"
 #include "gtest/gtest.h"
 #include "server/engine/stream_test_util.h"
 #include "server/io/uring.h"
@@ -425,7 +425,8 @@ TEST_F(ScanTest, LaggardsHoldingTheSameBlocksBorrowOneUnitPerBlock) {
   EXPECT_EQ(reservoir_->overflow_taken(), 3);
   EXPECT_EQ(scan->ReclaimOverflow(1), 1);
   EXPECT_EQ(reservoir_->overflow_taken(), 2);
-  EXPECT_EQ(StatusOf(*scan, slow1).blocks_skipped, 1u) << "dropped more than asked";
+  EXPECT_EQ(StatusOf(*scan, slow1).blocks_skipped, 1u)
+      << "dropped more than asked";
   EXPECT_EQ(StatusOf(*scan, slow2).blocks_skipped, 1u);
   for (int64_t b = 0; b < scan->layout().num_blocks; ++b) {
     EXPECT_EQ(scan->Untaken(slow1, 0).Has(b), scan->Untaken(slow2, 0).Has(b))
@@ -434,7 +435,8 @@ TEST_F(ScanTest, LaggardsHoldingTheSameBlocksBorrowOneUnitPerBlock) {
   reservoir_->Unreserve(60);
 }
 
-TEST_F(ScanTest, LaggardsBorrowFreeSlotsBeyondTheReservationsUntilAReadNeedsThem) {
+TEST_F(ScanTest,
+       LaggardsBorrowFreeSlotsBeyondTheReservationsUntilAReadNeedsThem) {
   // Every slot reserved, but all are free: a laggard may hold what is free
   // beyond the elastic margin (4 of 10 here), and gives it back when a read
   // finds no free slot.

@@ -3,14 +3,14 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/limits.h"
-#include "common/status.h"
+#include "common/base/limits.h"
+#include "common/base/status.h"
 
 namespace shardcast {
 
 absl::Status ValidateStreamSpec(const DatasetInfo& info, StreamSpec* spec) {
   // Bounded here, so that every product formed from them later (batch bytes,
-  // partition boundaries) fits in 64 bits: common/limits.h.
+  // partition boundaries) fits in 64 bits: common/base/limits.h.
   if (spec->batch_size < 1 || spec->batch_size > limits::kMaxBatchVectors) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size must be in [1, ", limits::kMaxBatchVectors,

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/dataset.h"
-#include "common/metadata.h"
+#include "common/format/dataset.h"
+#include "common/format/metadata.h"
 #include "server/engine/transform.h"
 
 namespace shardcast {

@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/limits.h"
-#include "common/status.h"
-#include "common/synth.h"
+#include "common/base/limits.h"
+#include "common/base/random.h"
+#include "common/base/status.h"
 #include "server/engine/resume_token.h"
 #include "server/engine/stream_copy.h"
 

@@ -16,9 +16,9 @@
 #include <set>
 #include <thread>
 
-#include "common/file.h"
-#include "common/synth.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
 #include "gtest/gtest.h"
 #include "server/engine/read_engine.h"
 #include "server/engine/reservoir.h"

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/sanitizers.h"
+#include "common/base/sanitizers.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -66,8 +66,7 @@ void StreamCopy(char* dst, const char* src, size_t n) {
     // Head up to the first cache-line boundary of dst, body in 128-byte
     // steps (whole lines: a line written partly by streaming stores and
     // partly by plain ones is the slow case), tail: plain copies.
-    const size_t head =
-        (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    const size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
     const size_t body = (n - head) & ~static_cast<size_t>(127);
     std::memcpy(dst, src, head);
     StreamBody(dst + head, src + head, body);

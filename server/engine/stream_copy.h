@@ -8,7 +8,8 @@
 // whole. Measured on the 2-core VM (random 4 KiB vectors of a 64 MiB window of
 // a page-cache map into a 16 MiB memfd slot): 5.5-6.2 GB/s with memcpy and a
 // whole-vector prefetch, 7.8-8.8 GB/s with AVX2 streaming stores and a prefetch
-// of the first kilobyte of the vector four ahead (tests/bench/results/HISTORY.md).
+// of the first kilobyte of the vector four ahead
+// (tests/bench/results/HISTORY.md).
 #ifndef SHARDCAST_SERVER_ENGINE_STREAM_COPY_H_
 #define SHARDCAST_SERVER_ENGINE_STREAM_COPY_H_
 

@@ -32,12 +32,12 @@ TEST(StreamCopyTest, CopiesExactlyTheBytesAtEveryAlignment) {
         for (size_t i = 0; i < dst.size(); ++i) {
           const bool inside = i >= dst_off && i < dst_off + n;
           const uint8_t want =
-              inside ? static_cast<uint8_t>(((i - dst_off + src_off) * 131 +
-                                             7) % 251)
+              inside ? static_cast<uint8_t>(
+                           ((i - dst_off + src_off) * 131 + 7) % 251)
                      : 0xEE;
-          ASSERT_EQ(dst[i], want) << "n " << n << ", dst offset " << dst_off
-                                  << ", src offset " << src_off << ", byte "
-                                  << i;
+          ASSERT_EQ(dst[i], want)
+              << "n " << n << ", dst offset " << dst_off << ", src offset "
+              << src_off << ", byte " << i;
         }
       }
     }

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "common/synth.h"
-#include "common/writer.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
 #include "gtest/gtest.h"
 #include "server/engine/ordered_stream.h"
 

@@ -60,10 +60,8 @@ inline __m128i BFloat16Lanes(__m128 v) {
   const __m128i x = _mm_castps_si128(v);
   const __m128i one = _mm_set1_epi32(1);
   const __m128i odd = _mm_and_si128(_mm_srli_epi32(x, 16), one);
-  const __m128i rounded =
-      _mm_srai_epi32(_mm_add_epi32(_mm_add_epi32(x, _mm_set1_epi32(0x7fff)),
-                                   odd),
-                     16);
+  const __m128i rounded = _mm_srai_epi32(
+      _mm_add_epi32(_mm_add_epi32(x, _mm_set1_epi32(0x7fff)), odd), 16);
   const __m128i nan = _mm_cmpgt_epi32(
       _mm_and_si128(x, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
   const __m128i quiet =
@@ -230,22 +228,21 @@ absl::StatusOr<VectorTransform> VectorTransform::Create(
   const double root_d = std::sqrt(static_cast<double>(desc.d_model));
   for (int64_t layer : desc.layers) {
     const LayerStats* ls = stats->Find(layer);
-    const GroupStats* g = ls == nullptr ? nullptr
-                          : group == StatsGroup::kContent
-                              ? &ls->content
-                          : group == StatsGroup::kSpecial
-                              ? (ls->special.has_value() ? &*ls->special
-                                                         : nullptr)
-                              : &ls->all;
+    const GroupStats* g =
+        ls == nullptr                   ? nullptr
+        : group == StatsGroup::kContent ? &ls->content
+        : group == StatsGroup::kSpecial
+            ? (ls->special.has_value() ? &*ls->special : nullptr)
+            : &ls->all;
     if (g == nullptr || g->count <= 0 || g->mean.size() != d) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the statistics have no ", group_name, " tokens of layer ", layer));
     }
     const double norm = spec.center ? g->centered_mean_norm : g->mean_norm;
     if (spec.scale_norm && !(std::isfinite(norm) && norm > 0)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot scale layer ", layer, ": the mean norm of its ", group_name,
-          " tokens is ", norm));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot scale layer ", layer, ": the mean norm of its ",
+                       group_name, " tokens is ", norm));
     }
     t.scales_.push_back(spec.scale_norm ? static_cast<float>(root_d / norm)
                                         : 1.0f);
@@ -274,13 +271,13 @@ void VectorTransform::Apply(char* dst, const char* src, int64_t d,
     const __m128 sv = _mm_set1_ps(s);
     int64_t i = 0;
     if (HasAvx2()) {
-      i = AffineAvx2(dst, src, d, mean, s,
-                     dtype_ == OutputDType::kBFloat16);
+      i = AffineAvx2(dst, src, d, mean, s, dtype_ == OutputDType::kBFloat16);
     }
     for (; i + 8 <= d; i += 8) {
-      const __m128 a = Affine4(src + i * 4, mean == nullptr ? nullptr : mean + i, sv);
-      const __m128 b =
-          Affine4(src + i * 4 + 16, mean == nullptr ? nullptr : mean + i + 4, sv);
+      const __m128 a =
+          Affine4(src + i * 4, mean == nullptr ? nullptr : mean + i, sv);
+      const __m128 b = Affine4(src + i * 4 + 16,
+                               mean == nullptr ? nullptr : mean + i + 4, sv);
       if (dtype_ == OutputDType::kFloat32) {
         _mm_storeu_ps(reinterpret_cast<float*>(dst + i * 4), a);
         _mm_storeu_ps(reinterpret_cast<float*>(dst + i * 4 + 16), b);

@@ -1,8 +1,8 @@
 // What a stream does to each vector on its way into a batch: optional
-// mean-centering and scale_norm (with a dataset's statistics, common/stats.h)
-// and the output element type. Applied while a batch is gathered, in place of
-// the plain copy, so a transform costs no extra pass over the batch and
-// bfloat16/float16 output halves the bytes a trainer receives.
+// mean-centering and scale_norm (with a dataset's statistics,
+// common/format/stats.h) and the output element type. Applied while a batch is
+// gathered, in place of the plain copy, so a transform costs no extra pass over
+// the batch and bfloat16/float16 output halves the bytes a trainer receives.
 //
 //   center:     y = x - mean
 //   scale_norm: y = x * sqrt(D) / mean_norm         (mean L2 norm -> sqrt(D))
@@ -22,8 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/metadata.h"
-#include "common/stats.h"
+#include "common/format/metadata.h"
+#include "common/format/stats.h"
 
 namespace shardcast {
 
@@ -44,7 +44,7 @@ struct TransformSpec {
   bool needs_stats() const { return scale_norm || center; }
 };
 
-/// Which statistics group a token selection reads (common/stats.h).
+/// Which statistics group a token selection reads (common/format/stats.h).
 enum class StatsGroup { kContent, kSpecial, kAll };
 
 /// A ready-to-apply transform for one dataset and token group. Immutable;

@@ -38,9 +38,9 @@ TEST(Transform, BFloat16RoundsToNearestEven) {
 TEST(Transform, HalfRoundsToNearestEvenWithSubnormalsAndOverflow) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3C00);
   EXPECT_EQ(FloatToHalf(-2.0f), 0xC000);
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7BFF);      // largest half
-  EXPECT_EQ(FloatToHalf(65519.0f), 0x7BFF);      // below the tie
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7C00);      // tie -> even: infinity
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7BFF);  // largest half
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7BFF);  // below the tie
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7C00);  // tie -> even: infinity
   EXPECT_EQ(FloatToHalf(1e6f), 0x7C00);
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // least subnormal
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);  // tie -> 0
@@ -86,10 +86,11 @@ TEST(Transform, VectorBFloat16MatchesTheScalarConversion) {
   // SSE2 lanes (8 at a time) and the scalar tail.
   std::mt19937 rng(11);
   std::vector<float> src;
-  for (int i = 0; i < 1000003; ++i) src.push_back(F(static_cast<uint32_t>(rng())));
-  for (uint32_t bits : {0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u,
-                        0x7F7FFFFFu, 0xFF7FFFFFu, 0x00000001u, 0x80008000u,
-                        0x3F808000u, 0x3F818000u}) {
+  for (int i = 0; i < 1000003; ++i)
+    src.push_back(F(static_cast<uint32_t>(rng())));
+  for (uint32_t bits :
+       {0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u, 0x7F7FFFFFu,
+        0xFF7FFFFFu, 0x00000001u, 0x80008000u, 0x3F808000u, 0x3F818000u}) {
     src.push_back(F(bits));
   }
   std::vector<uint16_t> got(src.size());
@@ -203,15 +204,15 @@ TEST(Transform, MissingOrUnusableStatisticsAreRefused) {
   const int64_t d = 8;
   TransformSpec spec;
   spec.scale_norm = true;
-  EXPECT_EQ(VectorTransform::Create(spec, Desc(d), nullptr,
-                                    StatsGroup::kContent, "")
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      VectorTransform::Create(spec, Desc(d), nullptr, StatsGroup::kContent, "")
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
   DatasetStats stats = Stats(d);
   // No CLS group recorded.
-  auto t = VectorTransform::Create(spec, Desc(d), &stats, StatsGroup::kSpecial,
-                                   "");
+  auto t =
+      VectorTransform::Create(spec, Desc(d), &stats, StatsGroup::kSpecial, "");
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(t.status().message().find("special"), std::string::npos);
   stats.layers[1].content.mean_norm = 0;

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 namespace shardcast {
 namespace {

@@ -35,7 +35,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/file.h"
+#include "common/base/file.h"
 
 namespace shardcast {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file.h"
+#include "common/base/file.h"
 #include "gtest/gtest.h"
 
 namespace shardcast {

@@ -23,7 +23,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/reader.h"
+#include "common/format/reader.h"
 
 struct io_uring;
 struct __kernel_timespec;
@@ -39,7 +39,7 @@ struct ReadOp {
   void* dest = nullptr;
   const std::string* path = nullptr;
 
-  /// The read of a dataset's byte range (common/reader.h) into `dest`.
+  /// The read of a dataset's byte range (common/format/reader.h) into `dest`.
   static ReadOp Into(const FileRange& range, void* dest) {
     return {range.fd, range.offset, static_cast<size_t>(range.length), dest,
             range.path};
@@ -141,8 +141,9 @@ class UringReader {
   /// The same, and as reads finish: `finished(indices)` (on this thread)
   /// with the indices in `ops` of those whose bytes are all in place since
   /// the last call, in the order they completed; zero-length ops before any
-  /// read (with io_uring) or in their turn (the pread fallback). Every op is reported exactly once when all succeed; after
-  /// a failure nothing more is reported.
+  /// read (with io_uring) or in their turn (the pread fallback). Every op is
+  /// reported exactly once when all succeed; after a failure nothing more is
+  /// reported.
   absl::Status ReadAll(
       absl::Span<const ReadOp> ops,
       absl::FunctionRef<void(absl::Span<const size_t>)> finished);

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/file.h"
+#include "common/base/file.h"
 
 namespace shardcast {
 

@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cpu_time.h"
-#include "common/file.h"
-#include "common/proc_fields.h"
-#include "common/version.h"
+#include "common/base/cpu_time.h"
+#include "common/base/file.h"
+#include "common/base/proc_fields.h"
+#include "common/base/version.h"
 
 namespace shardcast {
 

@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/engine/engine_status.h"
-#include "server/transport/local_acceptor.h"
-#include "server/transport/shm_service.h"
+#include "server/transport/grpc/local_acceptor.h"
+#include "server/transport/local/shm_service.h"
 #include "server/transport/stream_book.h"
 
 namespace shardcast {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
+#include "common/base/mutex.h"
 
 namespace shardcast {
 

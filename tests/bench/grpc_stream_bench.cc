@@ -4,7 +4,7 @@
 // disk, no batch assembly, only gRPC moving bytes over a Unix socket.
 //
 // The server is the daemon's Stream pattern minus the data work
-// (server/transport/stream_reactor.cc): a grpc::CallbackGenericService
+// (server/transport/grpc/stream_reactor.cc): a grpc::CallbackGenericService
 // whose reactor reads the request, then writes `--messages` messages of
 // `--message-bytes`, one write in flight, the next started from OnWriteDone.
 // Every message is a pre-filled buffer handed to gRPC as a static
@@ -62,11 +62,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/cli_args.h"
-#include "common/cpu_time.h"
-#include "common/exit_now.h"
-#include "common/mutex.h"
-#include "common/status.h"
+#include "common/base/cli_args.h"
+#include "common/base/cpu_time.h"
+#include "common/base/exit_now.h"
+#include "common/base/mutex.h"
+#include "common/base/status.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/client_unary_call.h"
@@ -259,7 +259,7 @@ struct ClientResult {
   double start = 0, end = 0;  // Seconds(Clock) at open and after Finish
   uint64_t bytes = 0;         // payload bytes read
   int64_t messages = 0;
-  uint64_t checksum = 0;  // one byte per slice (keeps the reads honest)
+  uint64_t checksum = 0;    // one byte per slice (keeps the reads honest)
   double cpu_seconds = -1;  // --fork: the client process's user + system
   char error[256] = {0};    // empty when the call succeeded
 };
@@ -553,8 +553,8 @@ absl::StatusOr<UnaryResult> RunUnary(const std::string& address, int64_t calls,
       const grpc::internal::RpcMethod bidi(
           kSessionMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
       grpc::ClientContext ctx;
-      std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer,
-                                               grpc::ByteBuffer>>
+      std::unique_ptr<
+          grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
           stream(grpc::internal::ClientReaderWriterFactory<
                  grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(),
                                                              bidi, &ctx));
@@ -680,9 +680,8 @@ int Main(int argc, char** argv) {
       std::cerr << "grpc_stream_bench: " << server.status() << "\n";
       return 1;
     }
-    absl::StatusOr<UnaryResult> unary =
-        RunUnary(absl::StrCat("unix:", socket), *calls, *threads,
-                 args->Has("session"));
+    absl::StatusOr<UnaryResult> unary = RunUnary(
+        absl::StrCat("unix:", socket), *calls, *threads, args->Has("session"));
     (*server)->Shutdown(std::chrono::system_clock::now() +
                         std::chrono::seconds(5));
     ::unlink(socket.c_str());

@@ -27,10 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
-#include "common/cli_args.h"
-#include "common/synth.h"
+#include "common/base/cli_args.h"
+#include "common/format/synth.h"
 #include "nlohmann/json.hpp"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {

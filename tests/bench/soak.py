@@ -173,7 +173,7 @@ CRASH_MARKERS = ("terminate called", "Segmentation fault", "AddressSanitizer",
 
 
 # ---------------------------------------------------------------------------
-# The synth oracle (contract of `shardcast synth`; common/synth.h), in numpy.
+# The synth oracle (contract of `shardcast synth`; common/format/synth.h), in numpy.
 
 _M64 = (1 << 64) - 1
 

@@ -3,7 +3,7 @@
 // datasets written with the project's writer into a temporary root, started
 // once per process with a fixed resume-token key, and a driver that pulls a
 // few batches from a stream and checks them against the generator
-// (common/synth.h), never against the code under test. Test code only.
+// (common/format/synth.h), never against the code under test. Test code only.
 //
 // The datasets (content known to every reader from the seed):
 //   A: protocol "2.1", 23 examples, layers {-2, 6}, 5 content tokens + CLS
@@ -35,10 +35,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/file.h"
-#include "common/log.h"
-#include "common/synth.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/base/log.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
 #include "server/engine/engine.h"
 #include "server/engine/transform.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -268,7 +268,8 @@ inline void CheckBatch(const FuzzDataset& ds, const StreamOptions& o,
       const uint64_t index = static_cast<uint64_t>(
           ((example * L + li) * ds.tokens() + raw) * ds.d_model + k);
       const float want = SynthValue(ds.seed, index);
-      const char* at = vectors + (i * ds.d_model + k) * static_cast<int64_t>(element);
+      const char* at =
+          vectors + (i * ds.d_model + k) * static_cast<int64_t>(element);
       const std::string where =
           absl::StrCat("row ", i, " (example ", example, ", layer ", layer,
                        ", token ", token, ") element ", k, ": ");

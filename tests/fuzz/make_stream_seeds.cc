@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
     o.spec.node_rank = 1;
     o.spec.node_count = 2;
     o.spec.world_size = 2;
-    seeds.push_back({ord ? "a_ordered_node_group" : "a_shuffled_node_group", o});
+    seeds.push_back(
+        {ord ? "a_ordered_node_group" : "a_shuffled_node_group", o});
   }
   int requests = 0;
   for (const Seed& s : seeds) {

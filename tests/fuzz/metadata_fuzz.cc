@@ -1,11 +1,11 @@
 // Fuzz target: the dataset description files of every protocol variant
-// (common/pyjson.h, common/metadata.h). The input is metadata.json's bytes,
-// optionally followed by a NUL byte and shards.json's bytes. It runs
-// ParseJson -> ParseMetadata -> (if a second part) ParseJson -> ParseShards,
-// prints the parsed JSON as Python would (PyJsonDumps in each mode, which the
-// content hash is computed from) and, on a description that parses, asks it
-// what a reader asks: ContentHash, LayerIndex, LocateExample and Locate at the
-// corners of the dataset and just outside them.
+// (common/format/pyjson.h, common/format/metadata.h). The input is
+// metadata.json's bytes, optionally followed by a NUL byte and shards.json's
+// bytes. It runs ParseJson -> ParseMetadata -> (if a second part) ParseJson ->
+// ParseShards, prints the parsed JSON as Python would (PyJsonDumps in each
+// mode, which the content hash is computed from) and, on a description that
+// parses, asks it what a reader asks: ContentHash, LayerIndex, LocateExample
+// and Locate at the corners of the dataset and just outside them.
 //
 // Checks: no crash, leak, sanitizer report or hang (deep JSON, huge numbers,
 // odd Unicode); every refusal is a Status; and for a metadata + shards pair
@@ -27,8 +27,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/metadata.h"
-#include "common/pyjson.h"
+#include "common/format/metadata.h"
+#include "common/format/pyjson.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

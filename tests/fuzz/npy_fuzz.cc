@@ -1,4 +1,5 @@
-// Fuzz target: the .npy header reader (common/npy.h) behind `shardcast write
+// Fuzz target: the .npy header reader (common/convert/npy.h) behind `shardcast
+// write
 // --from X.npy [--labels-from Y.npy]`. The input is a whole .npy file. It is
 // parsed twice: in memory with ParseNpyHeader, and as a file with OpenNpy (the
 // bytes in a memfd, opened as /proc/self/fd/N), and the two must agree.
@@ -24,7 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/npy.h"
+#include "common/convert/npy.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // Fuzz target: request validation of the Stream RPC, the way the daemon takes
 // a request. The input is a serialized shardcast.v1.StreamRequest (inputs
 // that do not parse are skipped, as gRPC would refuse them); it goes through
-// ToStreamOptions (server/transport/stream_reactor.h) and
+// ToStreamOptions (server/transport/grpc/stream_reactor.h) and
 // Engine::OpenStream (server/engine/engine.h) on an engine started once over
 // two tiny datasets (fuzz_engine.h). When the stream opens, up to 3 batches
 // are pulled and checked against the generator, and the first batch's resume
@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "google/protobuf/stubs/logging.h"
-#include "server/transport/stream_reactor.h"
+#include "server/transport/grpc/stream_reactor.h"
 #include "shardcast/v1/shardcast.pb.h"
 #include "tests/fuzz/fuzz_engine.h"
 

@@ -30,15 +30,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
-#include "common/file.h"
-#include "common/query_protocol.h"
-#include "common/shm_protocol.h"
-#include "common/synth.h"
-#include "common/unix_socket.h"
-#include "common/vector_layout.h"
-#include "common/writer.h"
+#include "common/base/file.h"
+#include "common/format/synth.h"
+#include "common/format/writer.h"
+#include "common/local/query_protocol.h"
+#include "common/local/shm_protocol.h"
+#include "common/local/unix_socket.h"
+#include "common/local/vector_layout.h"
 #include "gtest/gtest.h"
+#include "shardcast/client.h"
 
 namespace shardcast {
 namespace {
@@ -928,8 +928,8 @@ TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
             std::string::npos);
 }
 
-// A raw connection to the local query socket (common/query_protocol.h), to
-// send what the client library never would.
+// A raw connection to the local query socket (common/local/query_protocol.h),
+// to send what the client library never would.
 class RawQueryConnection {
  public:
   explicit RawQueryConnection(const std::string& path) {

@@ -5,10 +5,10 @@ A client on the daemon's node asks get_vectors on ``<unix socket path>.query``
 region of its own (sealed against shrinking) with its first message; a call
 writes the coordinates into the region, sends one small request, and reads
 the vectors the daemon put there. The messages are fixed little-endian
-layouts (common/query_protocol.h), the same as the C++ library speaks.
+layouts (common/local/query_protocol.h), the same as the C++ library speaks.
 
 Single vectors are read here (direct reads, as the C++ library does): the
-daemon hands over a dataset's layout (common/vector_layout.h) and read-only
+daemon hands over a dataset's layout (common/local/vector_layout.h) and read-only
 descriptors of its files, and this process reads each vector with pread:
 one wake-up per read instead of the daemon's and then this thread's.
 """
@@ -187,7 +187,7 @@ class _Conn:
 
 
 class _Layout:
-    """Where a dataset's vectors lie (common/vector_layout.h, Find)."""
+    """Where a dataset's vectors lie (common/local/vector_layout.h, Find)."""
 
     def __init__(self, data):
         if len(data) < _LAYOUT.size or data[:4] != b"SCL1":

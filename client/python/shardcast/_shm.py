@@ -3,7 +3,7 @@
 A local client connects to the daemon's shared-memory socket (``<unix socket
 path>.shm``, SOCK_SEQPACKET), asks for a region of batch slots and receives it
 as a sealed memfd over SCM_RIGHTS, with a token its SharedStream call presents.
-The messages are fixed little-endian layouts (common/shm_protocol.h).
+The messages are fixed little-endian layouts (common/local/shm_protocol.h).
 """
 
 import mmap
