@@ -31,7 +31,7 @@ if [[ ! -f $SRC/metadata.json ]]; then
   $PY - "$REPO/tests/python" "$SRC" "$SHARDS" "$SAMPLES" "$HIDDEN" "$SEQ" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
-from test_import_pkl import make_source  # the tests' own seed-002 writer
+from pkl_reference import make_source  # the tests' own seed-002 writer
 src, shards, samples, hidden, seq = sys.argv[2], *map(int, sys.argv[3:7])
 lens = [tuple(seq - (i * 7 + s * 3) % 64 for i in range(samples)) for s in range(shards)]
 make_source(src, layers=(15, 16), hidden=hidden, seq_lens=lens, max_seq_length=seq,

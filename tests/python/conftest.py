@@ -14,6 +14,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
+# The tests sit in subfolders of HERE (pytest.ini); the helper modules they
+# import (saev_reference, package_fixtures, ...) sit in HERE.
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 

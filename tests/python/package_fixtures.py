@@ -1,5 +1,5 @@
 """Shared helpers and fixtures for the tests of the shardcast Python package
-(client/python/shardcast; tests/python/test_package_*.py).
+(client/python/shardcast; tests/python/package/test_package_*.py).
 
 Test modules import what they use from here, fixtures included:
 

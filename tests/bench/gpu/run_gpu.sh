@@ -110,7 +110,7 @@ feed)
   if [[ $DEVICE != cpu ]]; then
     echo "== device=\"cuda\" and pin_memory epochs read back from the GPU against numpy"
     SHARDCAST_BIN=$BIN/shardcast SHARDCASTD_BIN=$BIN/shardcastd PYTHONPATH=$R/client/python \
-      timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$R/tests/python/test_package_torch.py" \
+      timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$R/tests/python/package/test_package_torch.py" \
       -k real_gpu > "$O/pytest_cuda.txt" 2>&1
     grep -E "^E |^(FAILED|ERROR) | passed| failed" "$O/pytest_cuda.txt" | head -30
   fi

@@ -23,7 +23,7 @@ import pytest
 import saev_reference as ref
 import shardcast
 
-REPO = Path(__file__).resolve().parent.parent.parent
+REPO = Path(__file__).resolve().parents[3]
 SHARDCAST_BIN = Path(os.environ.get("SHARDCAST_BIN") or REPO / "build" / "shardcast")
 SHARDCASTD_BIN = Path(os.environ.get("SHARDCASTD_BIN") or REPO / "build" / "shardcastd")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
+REPO_ROOT = HERE.parent.parent.parent
 UNIT = REPO_ROOT / "deploy" / "systemd" / "shardcastd.service"
 EXAMPLE_CONFIG = REPO_ROOT / "deploy" / "shardcastd.example.json"
 MIB = 1 << 20

@@ -375,7 +375,7 @@ def test_the_gpu_benchmarks_package_mode_trains_on_the_cpu(start_daemon, dataset
     CPU, fed by ShardcastDataset, and a JSON line without errors."""
     d = start_daemon(*ALONE)
     r = datasets.main
-    repo = Path(__file__).resolve().parent.parent.parent
+    repo = Path(__file__).resolve().parents[3]
     out = tmp_path / "feed.jsonl"
     proc = subprocess.run(
         [sys.executable, str(repo / "tests/bench/gpu/sae_feed.py"), "package", "--device", "cpu",
@@ -526,7 +526,7 @@ print(sum(seen))
 def test_the_readmes_pytorch_loop_runs_against_the_daemon(start_daemon, datasets):
     """README.md's "Python" loop, as written, trains over one exact epoch."""
     import re
-    readme = (Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme[readme.index("\n## Python\n"):]
     code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     assert "ShardcastDataset" in code and "DataLoader" in code

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="python3-matplotlib (deploy/install-deps.sh)")
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 

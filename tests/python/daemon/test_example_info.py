@@ -1,6 +1,6 @@
 """Query.GetExampleInfo: the records `shardcast import pkl` keeps in
 samples.json, served by shardcastd one example at a time (issue 12). The
-source is written by Python (test_import_pkl.make_source); the expected
+source is written by Python (pkl_reference.make_source); the expected
 records are the fields that fixture pickled, never the project's output.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from package_fixtures import (SHARDCAST_BIN, datasets, package_logs, sockdir,  # noqa: F401
                               start_daemon, synth)
-from test_import_pkl import make_source
+from pkl_reference import make_source
 
 import shardcast
 from shardcast.v1 import shardcast_pb2 as pb

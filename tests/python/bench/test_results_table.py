@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPT = BENCH / "results_table.py"
 CURRENT = BENCH / "results" / "current.json"
 HISTORY = BENCH / "results" / "HISTORY.md"

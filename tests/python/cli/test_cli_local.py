@@ -553,7 +553,7 @@ def test_huge_d_model_with_tiny_files_is_a_clean_error(cli, tmp_path):
         assert "acts000000.bin" in proc.err and str(2 ** 33) in proc.err
     v = cli.fails("verify", path, stderr_required=False, timeout=20)
     assert "acts000000.bin" in v.out + v.err
-    # Past the limit, d_model itself is the error (common/limits.h).
+    # Past the limit, d_model itself is the error (common/base/limits.h).
     md["d_model"] = 2 ** 31
     ref.write_json(os.path.join(path, "metadata.json"), md)
     proc = cli.fails("get", path, "--example", 0, "--layer", 6, "--token", 0, timeout=20)

@@ -36,7 +36,7 @@ import pytest
 from conftest import tail
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
+REPO_ROOT = HERE.parent.parent.parent
 PROTO_DIR = REPO_ROOT / "proto"
 SHARDCAST_BIN = Path(os.environ.get("SHARDCAST_BIN") or REPO_ROOT / "build" / "shardcast")
 SHARDCASTD_BIN = Path(os.environ.get("SHARDCASTD_BIN") or REPO_ROOT / "build" / "shardcastd")

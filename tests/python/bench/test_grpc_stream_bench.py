@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BENCH = Path(os.environ.get("GRPC_STREAM_BENCH_BIN",
                             REPO_ROOT / "build" / "grpc_stream_bench"))
 

@@ -29,7 +29,7 @@ import pytest
 import saev_reference as ref
 from conftest import tail
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DAEMON_BIN = Path(os.environ.get("SHARDCASTD_BIN") or REPO / "build" / "shardcastd")
 PROTOC = shutil.which("protoc") or "/usr/bin/protoc"
 
