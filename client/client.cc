@@ -25,6 +25,7 @@
 #include "common/base/mutex.h"
 #include "common/base/status.h"
 #include "common/local/query_protocol.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -752,47 +753,18 @@ absl::StatusOr<DaemonStatus> Client::GetStatus() {
 }
 
 absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
-  // grpc.health.v1 through a generic call: the request for the whole server
-  // is field 1 (service) = "", written out (gRPC's own health service
-  // refuses a message of no bytes); the reply is field 1, a varint.
-  grpc::GenericStub stub(impl_->channel);
-  grpc::CompletionQueue cq;
+  grpc::health::v1::Health::Stub stub(impl_->channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::microseconds(static_cast<int64_t>(timeout_seconds * 1e6)));
-  static constexpr char kRequest[] = {0x0A, 0x00};
-  grpc::Slice request_bytes(kRequest, sizeof(kRequest));
-  grpc::ByteBuffer request(&request_bytes, 1), reply;
-  grpc::Status status;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  call->Finish(&reply, &status, &cq);
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  RETURN_IF_ERROR(FromGrpcStatus(status));
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (reply.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) {
-      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-  }
-  if (bytes.empty()) return Health::kUnknown;  // status 0 is not encoded
-  if (bytes.size() != 2 || bytes[0] != 0x08 || (bytes[1] & 0x80) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("grpc.health.v1 reply of ", bytes.size(),
-                     " bytes is not a HealthCheckResponse"));
-  }
-  switch (bytes[1]) {
-    case 1:
+  grpc::health::v1::HealthCheckRequest request;  // "": the whole server
+  grpc::health::v1::HealthCheckResponse reply;
+  RETURN_IF_ERROR(FromGrpcStatus(stub.Check(&ctx, request, &reply)));
+  switch (reply.status()) {
+    case grpc::health::v1::HealthCheckResponse::SERVING:
       return Health::kServing;
-    case 2:
+    case grpc::health::v1::HealthCheckResponse::NOT_SERVING:
       return Health::kNotServing;
     default:
       return Health::kUnknown;
