@@ -19,6 +19,9 @@ packages=(
   # tests of deploy/: shellcheck, systemd-analyze (systemd), strace (the
   # unit's system-call filter), PyYAML (the Kubernetes manifests)
   shellcheck systemd strace python3-yaml
+  # the /metrics page and the Grafana dashboard's queries checked with the
+  # real tools (promtool, a Prometheus server)
+  prometheus
 )
 
 if [[ $(id -u) -ne 0 ]]; then
