@@ -174,6 +174,19 @@ DaemonStatus FromProto(const v1::ServerStatus& s) {
     st.bytes = c.bytes();
     out.streams.push_back(std::move(st));
   }
+  for (const v1::Figure& f : s.figures()) {
+    DaemonStatus::Figure figure;
+    figure.name = f.name();
+    figure.kind = f.kind();
+    figure.unit = f.unit();
+    figure.help = f.help();
+    figure.label_names.assign(f.label_names().begin(), f.label_names().end());
+    for (const v1::FigureSample& sample : f.samples()) {
+      figure.samples.push_back(
+          {{sample.labels().begin(), sample.labels().end()}, sample.value()});
+    }
+    out.figures.push_back(std::move(figure));
+  }
   return out;
 }
 

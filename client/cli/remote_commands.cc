@@ -502,6 +502,23 @@ int RunStatus(const Args& args) {
   if (args.Has("json")) {
     j["scans"] = scans;
     j["streams"] = streams;
+    // Every figure as the daemon declares it (the /metrics families).
+    OrderedJson figures = OrderedJson::array();
+    for (const DaemonStatus::Figure& f : s->figures) {
+      OrderedJson fj;
+      fj["name"] = f.name;
+      fj["kind"] = f.kind;
+      fj["unit"] = f.unit;
+      fj["help"] = f.help;
+      fj["label_names"] = f.label_names;
+      OrderedJson samples = OrderedJson::array();
+      for (const DaemonStatus::Figure::Sample& sample : f.samples) {
+        samples.push_back({{"labels", sample.labels}, {"value", sample.value}});
+      }
+      fj["samples"] = samples;
+      figures.push_back(fj);
+    }
+    j["figures"] = figures;
     std::printf("%s\n", JsonText(j, 2).c_str());
     return kExitOk;
   }

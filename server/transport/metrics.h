@@ -1,6 +1,7 @@
 // The transport's counters (calls, bytes served) and its book of open
 // streams, exported with the engine's figures by Admin.GetStatus and the
-// HTTP /metrics endpoint. The counters are atomics; the book has its lock.
+// HTTP /metrics endpoint (figures.h declares each). The counters are
+// atomics; the book has its lock.
 #ifndef SHARDCAST_SERVER_TRANSPORT_METRICS_H_
 #define SHARDCAST_SERVER_TRANSPORT_METRICS_H_
 
@@ -13,8 +14,6 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/engine/engine_status.h"
-#include "server/transport/grpc/local_acceptor.h"
-#include "server/transport/local/shm_service.h"
 #include "server/transport/stream_book.h"
 
 namespace shardcast {
@@ -55,11 +54,6 @@ struct Metrics {
     if (i < calls_by_code.size()) calls_by_code[i].fetch_add(1);
   }
   uint64_t CallsFailed() const;
-  /// These counters and the engine's figures in the Prometheus text
-  /// exposition format (version 0.0.4).
-  std::string PrometheusText(bool serving, const EngineFigures& engine,
-                             const ShmFigures& shm,
-                             const LocalAcceptorFigures& local) const;
 };
 
 /// Resident memory of this process by kind, from /proc/self/status (zeros

@@ -190,6 +190,21 @@ struct DaemonStatus {
     uint64_t bytes = 0;  // vector bytes sent
   };
   std::vector<Stream> streams;
+  /// Every figure the daemon exports, as its /metrics page has them
+  /// (shardcast.v1.Figure); empty from a daemon before 0.1.0's figures.
+  struct Figure {
+    struct Sample {
+      std::vector<std::string> labels;  // values, in label_names' order
+      double value = 0;
+    };
+    std::string name;  // the Prometheus name
+    std::string kind;  // "counter" or "gauge"
+    std::string unit;  // "bytes", "seconds" or "" (a count)
+    std::string help;
+    std::vector<std::string> label_names;
+    std::vector<Sample> samples;
+  };
+  std::vector<Figure> figures;
 };
 
 /// What to stream (Stream.Stream); mirrors shardcast.v1.StreamRequest. The

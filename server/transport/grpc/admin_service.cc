@@ -6,6 +6,7 @@
 #include "common/format/metadata.h"
 #include "common/format/pyjson.h"
 #include "proto/grpc_status.h"
+#include "server/transport/figures.h"
 
 namespace shardcast {
 
@@ -139,6 +140,25 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
       client->set_blocks_delivered(c.blocks_delivered);
       client->set_blocks_skipped(c.blocks_skipped);
       client->set_bytes_delivered(c.bytes_delivered);
+    }
+  }
+  FigureSources sources;
+  sources.serving = context_.serving == nullptr || context_.serving->load();
+  sources.metrics = &m;
+  sources.engine = &e;
+  if (context_.shm != nullptr) sources.shm = context_.shm->Figures();
+  if (context_.local != nullptr) sources.local = context_.local->Figures();
+  for (const Figure& f : CollectFigures(sources)) {
+    v1::Figure* out = response->add_figures();
+    out->set_name(f.name);
+    out->set_kind(FigureKindName(f.kind));
+    out->set_unit(f.unit);
+    out->set_help(f.help);
+    for (const char* label : f.label_names) out->add_label_names(label);
+    for (const FigureSample& sample : f.samples) {
+      v1::FigureSample* s = out->add_samples();
+      for (const std::string& v : sample.labels) s->add_labels(ValidUtf8(v));
+      s->set_value(sample.value);
     }
   }
   const absl::Time now = absl::Now();

@@ -5,6 +5,7 @@
 #include "common/base/log.h"
 #include "httplib.h"
 #include "server/transport/address.h"
+#include "server/transport/figures.h"
 
 namespace shardcast {
 namespace {
@@ -44,16 +45,19 @@ absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
                               : "ok\n",
                     "text/plain");
   });
-  h->server_->Get(
-      "/metrics", [engine, metrics, shm, local, serving](
+  h->server_->Get("/metrics",
+                  [engine, metrics, shm, local, serving](
                       const httplib::Request&, httplib::Response& res) {
-        res.set_content(
-            metrics->PrometheusText(
-                serving->load(), engine->Figures(),
-                shm != nullptr ? shm->Figures() : ShmFigures(),
-                local != nullptr ? local->Figures() : LocalAcceptorFigures()),
-            "text/plain; version=0.0.4");
-      });
+                    FigureSources sources;
+                    sources.serving = serving->load();
+                    sources.metrics = metrics;
+                    const EngineFigures figures = engine->Figures();
+                    sources.engine = &figures;
+                    if (shm != nullptr) sources.shm = shm->Figures();
+                    if (local != nullptr) sources.local = local->Figures();
+                    res.set_content(PrometheusText(CollectFigures(sources)),
+                                    "text/plain; version=0.0.4");
+                  });
   const std::string host = HostOf(address);
   const size_t colon = address.rfind(':');
   int port = 0;
