@@ -28,6 +28,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/resume_token.h"
 #include "server/transport/address.h"
+#include "server/transport/figures.h"
 #include "server/transport/grpc/admin_service.h"
 #include "server/transport/grpc/buffer_pool.h"
 #include "server/transport/grpc/context.h"
@@ -371,6 +372,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   context.metrics = &d->metrics;
   context.buffers = d->buffers.get();
   context.serving = &d->serving;
+  // Every figure, collected from the engine and each wire: Admin.GetStatus
+  // and /metrics show the same.
+  context.figures = [daemon = d] {
+    FigureSources sources;
+    sources.serving = daemon->serving.load();
+    sources.metrics = &daemon->metrics;
+    const EngineFigures engine = daemon->engine->Figures();
+    sources.engine = &engine;
+    if (daemon->shm != nullptr) sources.shm = daemon->shm->Figures();
+    if (daemon->local != nullptr) sources.local = daemon->local->Figures();
+    return CollectFigures(sources);
+  };
   d->router = std::make_unique<PayloadRouter>(context);
   d->admin = std::make_unique<AdminService>(context);
 
@@ -397,10 +410,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   // service says SERVING: whoever waits for that can scrape /metrics next.
   // Until then /healthz says not serving.
   if (!options.http_address.empty()) {
-    ASSIGN_OR_RETURN(
-        d->http,
-        HttpAdmin::Start(options.http_address, d->engine.get(), &d->metrics,
-                         d->shm.get(), d->local.get(), &d->serving));
+    // 503 while shutting down, and while the Unix socket cannot accept
+    // (out of descriptors): an orchestrator should see the node is stuck.
+    auto health = [daemon = d]() -> absl::Status {
+      if (!daemon->serving.load()) {
+        return absl::UnavailableError("shutting down");
+      }
+      if (daemon->local != nullptr && daemon->local->Starved()) {
+        return absl::UnavailableError(
+            "not accepting local connections: accept() fails (out of file "
+            "descriptors?)");
+      }
+      return absl::OkStatus();
+    };
+    ASSIGN_OR_RETURN(d->http,
+                     HttpAdmin::Start(options.http_address, std::move(health),
+                                      context.figures));
   }
   // Calls are answered from here on (TCP already, the Unix socket below):
   // "serving" before the first can arrive, or the router would refuse it as

@@ -6,15 +6,43 @@
 #ifndef SHARDCAST_SERVER_TRANSPORT_FIGURES_H_
 #define SHARDCAST_SERVER_TRANSPORT_FIGURES_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "server/engine/engine_status.h"
-#include "server/transport/grpc/local_acceptor.h"
-#include "server/transport/local/shm_service.h"
 #include "server/transport/metrics.h"
 
 namespace shardcast {
+
+/// Who is at the other end of a local connection (SO_PEERCRED).
+struct LocalPeer {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+/// The Unix socket's figures (grpc/local_acceptor.h).
+struct LocalAcceptorFigures {
+  int64_t connections = 0;      // admitted and still open
+  int64_t refused_busy = 0;     // over the cap, since start
+  int64_t refused_denied = 0;   // not an allowed uid/gid, since start
+  int64_t accept_failures = 0;  // accept() errors (EMFILE...), since start
+  bool starved = false;         // accept() is failing right now
+  /// SO_SNDBUF of the last connection accepted, as the kernel reports it
+  /// (twice the size in use: socket(7)); 0 before the first.
+  int64_t send_buffer_bytes = 0;
+  std::vector<LocalPeer> peers;  // of the open connections
+};
+
+/// The shared-memory side channel's figures (local/shm_service.h).
+struct ShmFigures {
+  int64_t regions = 0;   // mapped (attached or attachable)
+  uint64_t bytes = 0;    // their size
+  int64_t attached = 0;  // in use by a stream
+};
 
 enum class FigureKind { kCounter, kGauge };
 

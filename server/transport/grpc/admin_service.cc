@@ -142,13 +142,8 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
       client->set_bytes_delivered(c.bytes_delivered);
     }
   }
-  FigureSources sources;
-  sources.serving = context_.serving == nullptr || context_.serving->load();
-  sources.metrics = &m;
-  sources.engine = &e;
-  if (context_.shm != nullptr) sources.shm = context_.shm->Figures();
-  if (context_.local != nullptr) sources.local = context_.local->Figures();
-  for (const Figure& f : CollectFigures(sources)) {
+  for (const Figure& f :
+       context_.figures ? context_.figures() : std::vector<Figure>()) {
     v1::Figure* out = response->add_figures();
     out->set_name(f.name);
     out->set_kind(FigureKindName(f.kind));

@@ -4,8 +4,11 @@
 #define SHARDCAST_SERVER_TRANSPORT_GRPC_CONTEXT_H_
 
 #include <atomic>
+#include <functional>
+#include <vector>
 
 #include "server/engine/engine.h"
+#include "server/transport/figures.h"
 #include "server/transport/grpc/buffer_pool.h"
 #include "server/transport/grpc/local_acceptor.h"
 #include "server/transport/local/shm_service.h"
@@ -27,6 +30,9 @@ struct TransportContext {
   /// Read on every call: while false (draining for shutdown) new calls get
   /// UNAVAILABLE.
   const std::atomic<bool>* serving = nullptr;
+  /// Every figure the daemon exports, collected now (figures.h); the
+  /// daemon's wiring makes it, /metrics shows the same.
+  std::function<std::vector<Figure>()> figures;
 };
 
 }  // namespace shardcast

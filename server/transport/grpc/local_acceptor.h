@@ -31,15 +31,9 @@
 #include "common/base/file.h"
 #include "common/base/mutex.h"
 #include "grpcpp/server.h"
+#include "server/transport/figures.h"
 
 namespace shardcast {
-
-/// Who is at the other end of a local connection (SO_PEERCRED).
-struct LocalPeer {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
 
 /// Whom --allow-user/--allow-group let in: everyone when both lists are
 /// empty; otherwise root, the daemon's own user, the listed users and the
@@ -67,18 +61,6 @@ struct LocalAcceptorOptions {
   /// streams of 4 and 8 trainers on the 2-core VM went from 0.74-0.78 to
   /// 0.83-0.92 x the bare gRPC loop (tests/bench/results/HISTORY.md).
   int send_buffer_bytes = 4 << 20;
-};
-
-struct LocalAcceptorFigures {
-  int64_t connections = 0;      // admitted and still open
-  int64_t refused_busy = 0;     // over the cap, since start
-  int64_t refused_denied = 0;   // not an allowed uid/gid, since start
-  int64_t accept_failures = 0;  // accept() errors (EMFILE...), since start
-  bool starved = false;         // accept() is failing right now
-  /// SO_SNDBUF of the last connection accepted, as the kernel reports it
-  /// (twice the size in use: socket(7)); 0 before the first.
-  int64_t send_buffer_bytes = 0;
-  std::vector<LocalPeer> peers;  // of the open connections
 };
 
 class LocalAcceptor {

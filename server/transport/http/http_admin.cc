@@ -15,9 +15,8 @@ constexpr size_t kHttpThreads = 32;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
-    const std::string& address, const Engine* engine, const Metrics* metrics,
-    const ShmService* shm, const LocalAcceptor* local,
-    const std::atomic<bool>* serving) {
+    const std::string& address, std::function<absl::Status()> health,
+    std::function<std::vector<Figure>()> figures) {
   std::unique_ptr<HttpAdmin> h(new HttpAdmin());
   h->server_ = std::make_unique<httplib::Server>();
   // A connection holds one of a bounded set of threads for as long as it
@@ -32,32 +31,20 @@ absl::StatusOr<std::unique_ptr<HttpAdmin>> HttpAdmin::Start(
   h->server_->set_keep_alive_timeout(kIoTimeout);
   h->server_->set_keep_alive_max_count(16);
   h->server_->set_payload_max_length(64 << 10);  // nothing is posted here
-  h->server_->Get("/healthz", [serving, local](const httplib::Request&,
+  h->server_->Get(
+      "/healthz", [health = std::move(health)](const httplib::Request&,
                                                httplib::Response& res) {
-    // 503 while shutting down, and while the Unix socket cannot accept
-    // (out of descriptors): an orchestrator should see the node is stuck.
-    const bool up = serving->load();
-    const bool starved = local != nullptr && local->Starved();
-    res.status = up && !starved ? 200 : 503;
-    res.set_content(!up       ? "shutting down\n"
-                    : starved ? "not accepting local connections: accept() "
-                                "fails (out of file descriptors?)\n"
-                              : "ok\n",
-                    "text/plain");
-  });
-  h->server_->Get("/metrics",
-                  [engine, metrics, shm, local, serving](
-                      const httplib::Request&, httplib::Response& res) {
-                    FigureSources sources;
-                    sources.serving = serving->load();
-                    sources.metrics = metrics;
-                    const EngineFigures figures = engine->Figures();
-                    sources.engine = &figures;
-                    if (shm != nullptr) sources.shm = shm->Figures();
-                    if (local != nullptr) sources.local = local->Figures();
-                    res.set_content(PrometheusText(CollectFigures(sources)),
-                                    "text/plain; version=0.0.4");
-                  });
+        const absl::Status why = health();
+        res.status = why.ok() ? 200 : 503;
+        res.set_content(
+            why.ok() ? std::string("ok\n") : absl::StrCat(why.message(), "\n"),
+            "text/plain");
+      });
+  h->server_->Get(
+      "/metrics", [figures = std::move(figures)](const httplib::Request&,
+                                                 httplib::Response& res) {
+        res.set_content(PrometheusText(figures()), "text/plain; version=0.0.4");
+      });
   const std::string host = HostOf(address);
   const size_t colon = address.rfind(':');
   int port = 0;

@@ -1,19 +1,18 @@
 // The HTTP admin endpoint for sysadmins: GET /healthz (200 "ok" while
-// serving, 503 while shutting down) and GET /metrics (the transport's
-// counters and the engine's figures, Prometheus text format).
+// healthy, 503 with the reason otherwise) and GET /metrics (every figure,
+// figures.h, in the Prometheus text format). It knows no other wire: the
+// daemon's wiring says what healthy means and collects the figures.
 #ifndef SHARDCAST_SERVER_TRANSPORT_HTTP_HTTP_ADMIN_H_
 #define SHARDCAST_SERVER_TRANSPORT_HTTP_HTTP_ADMIN_H_
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/engine/engine.h"
-#include "server/transport/grpc/local_acceptor.h"
-#include "server/transport/local/shm_service.h"
-#include "server/transport/metrics.h"
+#include "server/transport/figures.h"
 
 namespace httplib {
 class Server;
@@ -27,13 +26,11 @@ class HttpAdmin {
  public:
   /// Listens on `address` ("host:port"; port 0 picks one) and starts
   /// serving. INVALID_ARGUMENT when it is not host:port, UNAVAILABLE when it
-  /// cannot listen. `engine`, `metrics`, `shm` and `local` (may be null) and
-  /// `serving`
-  /// must outlive Stop().
+  /// cannot listen. `health` (OK: healthy; else why not) and `figures` are
+  /// called on the endpoint's threads until Stop() returns.
   static absl::StatusOr<std::unique_ptr<HttpAdmin>> Start(
-      const std::string& address, const Engine* engine, const Metrics* metrics,
-      const ShmService* shm, const LocalAcceptor* local,
-      const std::atomic<bool>* serving);
+      const std::string& address, std::function<absl::Status()> health,
+      std::function<std::vector<Figure>()> figures);
   ~HttpAdmin();
   HttpAdmin(const HttpAdmin&) = delete;
   HttpAdmin& operator=(const HttpAdmin&) = delete;

@@ -37,6 +37,7 @@
 #include "common/base/file.h"
 #include "common/base/mutex.h"
 #include "server/engine/engine.h"
+#include "server/transport/figures.h"
 
 namespace shardcast {
 
@@ -86,13 +87,6 @@ struct ShmServiceOptions {
   /// must not change the contents). Default: MADV_POPULATE_WRITE; tests
   /// replace it.
   std::function<void(char* base, uint64_t bytes)> populate;
-};
-
-/// Figures for status pages.
-struct ShmFigures {
-  int64_t regions = 0;   // mapped (attached or attachable)
-  uint64_t bytes = 0;    // their size
-  int64_t attached = 0;  // in use by a stream
 };
 
 /// Serves the side channel on its own thread. Thread-safe.
