@@ -629,13 +629,16 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
   return read;
 }
 
+void SharedScan::Fail(Subscriber& s, const absl::Status& error) {
+  if (s.error.ok()) s.error = error;
+  DropNeeds(s);
+  ClearQueue(s);
+  Wake(s);
+}
+
 void SharedScan::FailNeeders(int64_t b, const absl::Status& error) {
   for (auto& [id, s] : subs_) {
-    if (!s.needed.Has(b)) continue;
-    if (s.error.ok()) s.error = error;
-    DropNeeds(s);
-    ClearQueue(s);
-    Wake(s);
+    if (s.needed.Has(b)) Fail(s, error);
   }
 }
 
@@ -655,18 +658,17 @@ void SharedScan::ReadDone(std::unique_ptr<BlockRead> read,
                " failed: ", status.ToString());
   }
   for (auto& [id, s] : subs_) {
+    bool failed = false;
     for (Queued& q : s.queue) {
       if (q.read_id != read->tag) continue;
       if (status.ok()) {
         q.data = block;
-      } else if (s.error.ok()) {
-        s.error = status;
+      } else {
+        failed = true;
       }
     }
-    if (!s.error.ok()) {
-      DropNeeds(s);
-      ClearQueue(s);
-      Wake(s);
+    if (failed || !s.error.ok()) {
+      Fail(s, status);
     } else if (!s.queue.empty() && s.queue.front().data != nullptr) {
       Wake(s);
     }

@@ -334,6 +334,10 @@ class SharedScan final : public BlockSource,
   bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Ends `s` with `error` (its first error stays): it needs nothing more,
+  /// lets go of its queue and is woken to see it.
+  void Fail(Subscriber& s, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Ends every subscriber that needs block `b` with `error` (a block that
   /// cannot be read).
   void FailNeeders(int64_t b, const absl::Status& error)

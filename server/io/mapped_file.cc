@@ -124,8 +124,8 @@ class LeaseWatcher {
     static LeaseWatcher* const watcher = new LeaseWatcher();
     return *watcher;
   }
-  /// Takes a read lease on `m`'s descriptor; false where the kernel
-  /// refuses one (the first refusal is logged).
+  /// Takes a read lease on `m`'s descriptor (and says so in m->leased());
+  /// false where the kernel refuses one (the first refusal is logged).
   bool Watch(MappedFile* m) {
     std::lock_guard<std::mutex> lock(mu_);
     if (tid_ <= 0) return false;
@@ -144,6 +144,7 @@ class LeaseWatcher {
       return false;
     }
     files_[fd] = m;
+    m->leased_.store(true, std::memory_order_release);  // before any break
     return true;
   }
   /// No break of `m`'s lease is handled after this returns (one being
@@ -224,8 +225,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(int fd,
   }
   std::unique_ptr<MappedFile> m(new MappedFile(
       base, size, mapped, std::move(path), guard, std::move(own)));
-  m->leased_.store(LeaseWatcher::Get().Watch(m.get()),
-                   std::memory_order_release);
+  LeaseWatcher::Get().Watch(m.get());
   return m;
 }
 
