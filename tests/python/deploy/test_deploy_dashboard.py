@@ -13,6 +13,7 @@ panels cover what operators look for (throughput per client, disk bytes vs
 selected bytes, reservoir, lag, errors, RSS). Grafana itself is not run.
 """
 
+import contextlib
 import json
 import math
 import re
@@ -266,12 +267,13 @@ PER_STREAM = ("shardcast_client_sent_bytes_total", "shardcast_client_batches_tot
               "shardcast_scan_read_bytes_total", "shardcast_local_client_connections")
 
 
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
-    """(families, raw text, dataset id) of /metrics while two shuffled
-    streams of one dataset are open (one in shared memory, one in gRPC
-    messages) and unfinished."""
-    tmp = tmp_path_factory.mktemp("dash")
+@contextlib.contextmanager
+def daemon_with_http(tmp, *extra, deadline=DEADLINE):
+    """(daemon, HTTP admin port, dataset) of a shardcastd serving a small
+    synthetic dataset with its admin endpoint on a free loopback port;
+    stopped (SIGTERM, exit 0 asserted) on the way out. A stream that stalls
+    would block the module for ever: the daemon is killed past `deadline`,
+    so the client's call fails and the test reports it."""
     root = tmp / "root"
     root.mkdir()
     dataset = synth(root, "--layers", "6", "--tokens", 16, "--d-model", 32,
@@ -280,21 +282,33 @@ def scraped(tmp_path_factory):
     daemon = Daemon([root], sock_dir / "d.sock", tmp / "shardcastd.log",
                     ("--http", "127.0.0.1:0", "--reservoir-bytes", "64M",
                      "--block-bytes", "16K", "--shuffle-window", "4", "--lag-blocks", "64",
-                     "--scan-start-delay-ms", "0", "--query-threads", "2"))
-    # A stream that stalls would block the module for ever: kill the daemon
-    # past the deadline, so the client's call fails and the test reports it.
-    timer = threading.Timer(DEADLINE, lambda: daemon.proc and daemon.proc.kill())
+                     "--scan-start-delay-ms", "0") + extra)
+    timer = threading.Timer(deadline, lambda: daemon.proc and daemon.proc.kill())
     timer.daemon = True
     timer.start()
     try:
         daemon.start().wait_ready()
-        deadline = time.monotonic() + 10
+        until = time.monotonic() + 10
         m = None
-        while m is None and time.monotonic() < deadline:
+        while m is None and time.monotonic() < until:
             m = re.search(r"HTTP admin on [^ \"]*:(\d+)", tail(daemon.log, 200000))
             time.sleep(0.02)
         assert m, f"no 'HTTP admin on HOST:PORT' line in the log\n{daemon.describe()}"
-        port = int(m.group(1))
+        yield daemon, int(m.group(1)), dataset
+    finally:
+        timer.cancel()
+        rc = daemon.stop()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert rc == 0, f"shardcastd: SIGTERM -> exit {rc}\n{tail(daemon.log)}"
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """(families, raw text, dataset id) of /metrics while two shuffled
+    streams of one dataset are open (one in shared memory, one in gRPC
+    messages) and unfinished."""
+    with daemon_with_http(tmp_path_factory.mktemp("dash"), "--query-threads", "2") as (
+            daemon, port, dataset):
         with shardcast.Client(daemon.address) as client:
             with client.stream(dataset.name, layer=6, batch_size=64, seed=1, epochs=0,
                                copy=True) as shm_stream, \
@@ -312,11 +326,6 @@ def scraped(tmp_path_factory):
                         break
                     time.sleep(0.1)
         yield families, text, dataset.name
-    finally:
-        timer.cancel()
-        rc = daemon.stop()
-        shutil.rmtree(sock_dir, ignore_errors=True)
-    assert rc == 0, f"shardcastd: SIGTERM -> exit {rc}\n{tail(daemon.log)}"
 
 
 def test_every_metric_the_dashboard_names_is_exported(scraped):

@@ -18,17 +18,14 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
 from sysprobe import http_get
-from package_fixtures import Daemon, synth, tail
-from test_deploy_dashboard import load_dashboard, targets
+from test_deploy_dashboard import daemon_with_http, load_dashboard, targets
 
 import shardcast
 
@@ -64,53 +61,32 @@ class Reader(threading.Thread):
 @pytest.fixture(scope="module")
 def daemon_with_streams(tmp_path_factory):
     """(daemon, HTTP admin port) while two endless streams are read."""
-    tmp = tmp_path_factory.mktemp("prom")
-    root = tmp / "root"
-    root.mkdir()
-    dataset = synth(root, "--layers", "6", "--tokens", 16, "--d-model", 32,
-                    "--examples", 40, "--seed", 11)
-    sock_dir = Path(tempfile.mkdtemp(prefix="scprom-", dir="/tmp"))
-    daemon = Daemon([root], sock_dir / "d.sock", tmp / "shardcastd.log",
-                    ("--http", "127.0.0.1:0", "--reservoir-bytes", "64M",
-                     "--block-bytes", "16K", "--shuffle-window", "4", "--lag-blocks", "64",
-                     "--scan-start-delay-ms", "0"))
-    timer = threading.Timer(DEADLINE, lambda: daemon.proc and daemon.proc.kill())
-    timer.daemon = True
-    timer.start()
-    readers = []
-    try:
-        daemon.start().wait_ready()
-        deadline = time.monotonic() + 10
-        m = None
-        while m is None and time.monotonic() < deadline:
-            m = re.search(r"HTTP admin on [^ \"]*:(\d+)", tail(daemon.log, 200000))
-            time.sleep(0.02)
-        assert m, f"no 'HTTP admin on HOST:PORT' line in the log\n{daemon.describe()}"
-        with shardcast.Client(daemon.address) as client:
-            with pytest.raises(shardcast.Error):  # the error series
-                client.get_vectors("no-such-dataset", [(0, 6, 0)])
-            with client.stream(dataset.name, layer=6, batch_size=64, seed=1, epochs=0,
-                               copy=True) as shm_stream, \
-                    client.stream(dataset.name, layer=6, batch_size=64, seed=2, epochs=0,
-                                  copy=True, shared_memory=False) as grpc_stream:
-                readers = [Reader(shm_stream), Reader(grpc_stream)]
-                for r in readers:
-                    r.start()
-                yield daemon, int(m.group(1))
-                for r in readers:
-                    r.stop.set()
-                for r in readers:
-                    r.join(timeout=10)
-        for r in readers:
-            assert r.error is None, f"a stream failed: {r.error!r}"
-            assert r.batches > 0
-    finally:
-        for r in readers:
-            r.stop.set()
-        timer.cancel()
-        rc = daemon.stop()
-        shutil.rmtree(sock_dir, ignore_errors=True)
-    assert rc == 0, f"shardcastd: SIGTERM -> exit {rc}\n{tail(daemon.log)}"
+    with daemon_with_http(tmp_path_factory.mktemp("prom"), deadline=DEADLINE) as (
+            daemon, port, dataset):
+        readers = []
+        try:
+            with shardcast.Client(daemon.address) as client:
+                with pytest.raises(shardcast.Error):  # the error series
+                    client.get_vectors("no-such-dataset", [(0, 6, 0)])
+                with client.stream(dataset.name, layer=6, batch_size=64, seed=1, epochs=0,
+                                   copy=True) as shm_stream, \
+                        client.stream(dataset.name, layer=6, batch_size=64, seed=2,
+                                      epochs=0, copy=True,
+                                      shared_memory=False) as grpc_stream:
+                    readers = [Reader(shm_stream), Reader(grpc_stream)]
+                    for r in readers:
+                        r.start()
+                    yield daemon, port
+                    for r in readers:
+                        r.stop.set()
+                    for r in readers:
+                        r.join(timeout=10)
+            for r in readers:
+                assert r.error is None, f"a stream failed: {r.error!r}"
+                assert r.batches > 0
+        finally:
+            for r in readers:
+                r.stop.set()
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (bash deploy/install-deps.sh)")
