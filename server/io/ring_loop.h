@@ -1,0 +1,79 @@
+// One thread's event loop over the io layer: reads and polls, each with a
+// completion callback. The local channel (server/transport/local/) serves
+// its connections from one loop per thread: it polls sockets and reads the
+// vectors of calls through the loop and never touches the ring itself.
+//
+// With io_uring, every read and poll is an entry on one ring, so the reads
+// of all requests in service are on the disk together. Without io_uring
+// (old kernel, container seccomp) the same loop runs on poll(2) and pread:
+// reads are done one after another, and everything else is the same.
+#ifndef SHARDCAST_SERVER_IO_RING_LOOP_H_
+#define SHARDCAST_SERVER_IO_RING_LOOP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "server/io/uring.h"
+
+namespace shardcast {
+
+/// Not thread-safe: one thread drives a loop (wake it from others with an
+/// eventfd it polls). Callbacks run on that thread, inside RunOnce, and may
+/// queue more work.
+class RingLoop {
+ public:
+  /// Gets the result of one operation: a read's as ApplyReadResult takes
+  /// it (bytes, or a negative errno), a poll's events (or a negative errno).
+  using Done = absl::AnyInvocable<void(int res)>;
+
+  /// A loop whose ring has `queue_depth` entries: at most that many reads
+  /// are in flight, more wait their turn. Never fails: without io_uring it
+  /// runs on poll and pread (uses_uring() is false; logged once).
+  static std::unique_ptr<RingLoop> Create(unsigned queue_depth);
+  /// The loop a kernel without io_uring gets (for tests of that road).
+  static std::unique_ptr<RingLoop> CreateWithoutUring(unsigned queue_depth);
+  ~RingLoop();
+  RingLoop(const RingLoop&) = delete;
+  RingLoop& operator=(const RingLoop&) = delete;
+
+  /// Calls `done` once, when `fd` has one of `events` (POLLIN...).
+  void Poll(int fd, unsigned events, Done done);
+  /// Reads what is left of `op` after `done_bytes`, then calls `done`.
+  /// `op`'s destination must stay valid until then.
+  void Read(const ReadOp& op, size_t done_bytes, Done done);
+  /// Submits what is queued, waits until something completes (first
+  /// checking for up to `spin_ns` without sleeping, when reads are in
+  /// flight), and runs the callbacks of everything complete. False when the
+  /// ring failed (logged); the loop's owner decides whether to go on.
+  bool RunOnce(int64_t spin_ns = 0);
+
+  /// Reads submitted or waiting, whose callbacks have not run.
+  size_t reads_pending() const { return reads_in_flight_ + waiting_.size(); }
+  bool uses_uring() const { return ring_.has_value(); }
+
+ private:
+  struct Op;  // one operation and its callback
+  RingLoop(std::optional<UringRing> ring, unsigned depth);
+  // Queues a submission, flushing the queue to the kernel while it is full.
+  template <typename F>
+  void Queue(F prepare);
+  void SubmitRead(Op* op);
+  bool RunOnceUring(int64_t spin_ns);
+  bool RunOncePoll();
+
+  std::optional<UringRing> ring_;
+  const unsigned depth_;
+  size_t reads_in_flight_ = 0;
+  std::deque<Op*> waiting_;                // reads past the queue depth
+  std::vector<Op*> polls_;                 // without io_uring: the polls armed
+  std::vector<std::pair<Op*, int>> done_;  // completions of one RunOnce
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_IO_RING_LOOP_H_
