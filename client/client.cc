@@ -24,7 +24,6 @@
 #include "common/base/file.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
-#include "common/local/query_protocol.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -514,7 +513,7 @@ struct Client::Impl {
   std::unique_ptr<v1::Stream::Stub> stream;
   internal_client::QuerySession session{query.get()};  // small GetVectors
   internal_client::CallCombiner vectors;               // GetVectors calls
-  // GetVectors on the local query socket; null: over gRPC.
+  // GetVectors on the local channel; null: over gRPC.
   std::unique_ptr<internal_client::LocalQueries> local_queries;
   // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.
   std::atomic<bool> no_stream_vectors{false};
@@ -636,11 +635,13 @@ class FailedBatchStream final : public BatchStream {
 std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
   v1::StreamRequest proto = ToProto(request);
   v1::Stream::Stub* stub = impl_->stream.get();
-  const std::string socket =
-      internal_client::SharedMemorySocket(impl_->address);
+  const std::string socket = internal_client::LocalChannelPath(impl_->address);
   struct stat st;
-  // Shared memory when the daemon offers it (its socket exists); a bad batch
-  // size gets the daemon's own error on the message path.
+  // Shared memory when the daemon offers it (its channel exists and hands
+  // out batch regions); a bad batch size gets the daemon's own error on the
+  // message path.
+  absl::StatusOr<std::shared_ptr<const internal_client::ClientRegion>> region =
+      absl::UnimplementedError("no shared memory");
   if (impl_->options.shared_memory && !socket.empty() &&
       ::stat(socket.c_str(), &st) == 0 && request.batch_size > 0) {
     absl::StatusOr<DatasetDescription> d = DescribeDataset(request.dataset);
@@ -649,18 +650,21 @@ std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
         static_cast<uint64_t>(d->d_model) *
         (request.dtype == StreamRequest::DType::kFloat32 ? 4 : 2);
     const int slots = std::clamp(impl_->options.shared_memory_slots, 2, 16);
-    absl::StatusOr<std::shared_ptr<const internal_client::ClientRegion>>
-        region =
-            vector_bytes == 0 || static_cast<uint64_t>(request.batch_size) >
-                                     (uint64_t{1} << 40) / vector_bytes
-                ? absl::InvalidArgumentError(
-                      absl::StrCat("batch_size ", request.batch_size,
-                                   " x d_model ", d->d_model, " is too large"))
-                : internal_client::ClientRegion::Open(
-                      socket, static_cast<uint32_t>(slots),
-                      static_cast<uint64_t>(request.batch_size) * vector_bytes);
-    if (!region.ok())
+    region =
+        vector_bytes == 0 || static_cast<uint64_t>(request.batch_size) >
+                                 (uint64_t{1} << 40) / vector_bytes
+            ? absl::InvalidArgumentError(
+                  absl::StrCat("batch_size ", request.batch_size, " x d_model ",
+                               d->d_model, " is too large"))
+            : internal_client::ClientRegion::Open(
+                  socket, static_cast<uint32_t>(slots),
+                  static_cast<uint64_t>(request.batch_size) * vector_bytes);
+    // UNIMPLEMENTED: the daemon's shared memory is off (its local channel
+    // serves queries only); its batches come in messages then.
+    if (!region.ok() && !absl::IsUnimplemented(region.status()))
       return std::make_unique<FailedBatchStream>(region.status());
+  }
+  if (region.ok()) {
     auto ledger = std::make_shared<internal_client::SlotLedger>(*region);
     using Call = grpc::ClientReaderWriter<v1::SharedStreamMessage, v1::Batch>;
     const std::string token = (*region)->token();
@@ -725,12 +729,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      " s (is it running? right address/TLS?)"));
   }
   auto impl = std::make_unique<Impl>(std::move(channel), address, options);
-  const std::string socket = internal_client::UnixSocketPath(address);
-  if (options.local_queries && !socket.empty()) {
-    // Null when the daemon has no local query socket.
+  const std::string local = internal_client::LocalChannelPath(address);
+  if (options.local_queries && !local.empty()) {
+    // Null when the daemon serves no queries on a local channel.
     impl->local_queries = internal_client::LocalQueries::Open(
-        socket + local_query::kSocketSuffix, options.connect_timeout_seconds,
-        options.local_direct_reads);
+        local, options.connect_timeout_seconds, options.local_direct_reads);
   }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

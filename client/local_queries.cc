@@ -16,62 +16,36 @@
 #include "client/local_queries_internal.h"
 #include "common/base/file.h"
 #include "common/base/status.h"
-#include "common/local/query_protocol.h"
-#include "common/local/unix_socket.h"
+#include "common/local/channel.h"
+#include "common/local/memfd.h"
 #include "common/local/vector_layout.h"
 
 namespace shardcast {
 namespace internal_client {
 namespace {
 
-namespace lq = local_query;
-
 // The first region of a connection: 256 vectors of d_model 1024 and their
 // coordinates. Its pages are only touched as calls use them.
-constexpr uint64_t kFirstRegionBytes = (1 << 20) + 2 * lq::kOutAlign;
+constexpr uint64_t kFirstRegionBytes = (1 << 20) + 2 * local::kOutAlign;
 
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
-// The longest message the daemon sends: a reply and its error message.
-constexpr size_t kMaxReplyBytes = 16 * 1024;
-
-// Receives one message (blocking) into `buf`, and the descriptors it
-// carries into `fds`; the error when the connection broke or the daemon
-// closed it. (Not a std::string: zeroing its bytes first was a fifth of the
-// client's time per call.)
-absl::StatusOr<absl::string_view> Receive(int fd, char (&buf)[kMaxReplyBytes],
-                                          std::vector<UniqueFd>* fds) {
-  ASSIGN_OR_RETURN(const size_t n,
-                   ReceiveWithDescriptors(fd, absl::MakeSpan(buf), fds));
-  if (n == 0) {
-    return absl::UnavailableError("the daemon closed the local query socket");
-  }
-  if (n > sizeof(buf)) {
-    return absl::DataLossError(absl::StrCat("a local query reply of ", n,
-                                            " bytes; at most ", sizeof(buf),
-                                            " expected"));
-  }
-  return absl::string_view(buf, n);
-}
 
 }  // namespace
 
 struct LocalQueries::Conn {
-  UniqueFd fd;
-  char* base = nullptr;
-  uint64_t bytes = 0;
-  uint64_t next_id = 1;
+  explicit Conn(LocalConnection c) : channel(std::move(c)) {}
+  LocalConnection channel;
+  SharedMapping region;  // the query region the daemon handed over
   // The region's pages below this were written here first, so the memory
   // is this process's (a page the daemon's read faults in first would be
   // charged to the daemon's memory cgroup).
   uint64_t touched = 0;
   uint64_t vector_bytes = 4096;  // of the last reply: the guess for the next
+  char* base() const { return region.data(); }
+  uint64_t bytes() const { return region.size(); }
   void Touch(uint64_t end) {
-    end = std::min(end, bytes);
-    for (; touched < end; touched += lq::kOutAlign) base[touched] = 0;
-  }
-  ~Conn() {
-    if (base != nullptr) ::munmap(base, bytes);
+    end = std::min(end, bytes());
+    for (; touched < end; touched += local::kOutAlign) base()[touched] = 0;
   }
 };
 
@@ -144,14 +118,14 @@ VectorBlock LocalQueries::MakeBlock(std::unique_ptr<Conn> c,
   }
   if (!lend) {
     std::shared_ptr<float[]> values(new float[std::max<uint64_t>(floats, 1)]);
-    std::memcpy(values.get(), c->base + out_offset, floats * sizeof(float));
+    std::memcpy(values.get(), c->base() + out_offset, floats * sizeof(float));
     block.values = absl::Span<const float>(values.get(), floats);
     block.storage = std::move(values);
     Return(std::move(c));
     return block;
   }
   block.values = absl::Span<const float>(
-      reinterpret_cast<const float*>(c->base + out_offset), floats);
+      reinterpret_cast<const float*>(c->base() + out_offset), floats);
   // The block's last copy gives the connection back (or closes it, when
   // this LocalQueries is gone).
   block.storage =
@@ -168,51 +142,32 @@ VectorBlock LocalQueries::MakeBlock(std::unique_ptr<Conn> c,
 
 absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Connect(
     uint64_t region_bytes) {
-  auto c = std::make_unique<Conn>();
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path ", path_, " is too long"));
-  }
-  std::memcpy(addr.sun_path, path_.data(), path_.size());
-  c->fd.Reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!c->fd.valid()) return ErrnoToStatus(errno, "socket");
-  if (::connect(c->fd.get(), reinterpret_cast<sockaddr*>(&addr),
-                sizeof(addr)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("connect to ", path_));
-  }
-  region_bytes = RoundUp(region_bytes, lq::kOutAlign);
-  // The daemon maps only regions that cannot shrink under its writes.
-  ASSIGN_OR_RETURN(UniqueFd memfd, SealedMemfd("shardcast-queries",
-                                               region_bytes, "query region"));
-  void* p = ::mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                   memfd.get(), 0);
-  if (p == MAP_FAILED) return ErrnoToStatus(errno, "map the query region");
-  c->base = static_cast<char*>(p);
-  c->bytes = region_bytes;
-  // The hello's reply is waited for at most timeout_seconds.
-  struct timeval tv = {timeout_seconds_, 0};
-  ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  lq::Hello hello;
-  hello.region_bytes = region_bytes;
-  RETURN_IF_ERROR(SendWithDescriptor(c->fd.get(), hello.Encode(), memfd.get()));
-  char buf[kMaxReplyBytes];
-  std::vector<UniqueFd> none;  // a hello's reply carries no descriptor
-  ASSIGN_OR_RETURN(absl::string_view bytes, Receive(c->fd.get(), buf, &none));
-  lq::HelloReply reply;
-  if (!reply.Decode(bytes)) {
-    return absl::DataLossError("not a local query hello reply");
-  }
-  if (reply.code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(reply.code),
-                        reply.message);
-  }
-  tv = {0, 0};  // calls may take as long as their reads
-  ::setsockopt(c->fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  MutexLock lock(&pool_->mu);
-  pool_->max_region_bytes = reply.max_region_bytes;
+  ASSIGN_OR_RETURN(LocalConnection channel, LocalConnection::Connect(path_));
+  auto c = std::make_unique<Conn>(std::move(channel));
+  RETURN_IF_ERROR(Grow(*c, region_bytes));
   return c;
+}
+
+absl::Status LocalQueries::Grow(Conn& c, uint64_t bytes) {
+  v1::LocalRequest request;
+  request.mutable_query_region()->set_bytes(RoundUp(bytes, local::kOutAlign));
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  // The reply is waited for at most timeout_seconds.
+  RETURN_IF_ERROR(c.channel.AskOk(request, &reply, &fds,
+                                  "local queries: ", timeout_seconds_));
+  const uint64_t got = reply.query_region().bytes();
+  if (!reply.has_query_region() || fds.size() != 1 || got < bytes) {
+    return absl::DataLossError(
+        "the daemon's query region does not match its reply");
+  }
+  ASSIGN_OR_RETURN(c.region,
+                   SharedMapping::Map(fds[0].get(), got,
+                                      /*writable=*/true, "query region"));
+  c.touched = 0;
+  MutexLock lock(&pool_->mu);
+  pool_->max_region_bytes = reply.query_region().max_region_bytes();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
@@ -220,44 +175,47 @@ absl::StatusOr<std::vector<int64_t>> LocalQueries::Call(
     uint64_t* out, uint64_t* need) {
   *need = 0;
   const uint64_t n = coords.size();
-  const uint64_t coords_bytes = n * lq::kCoordBytes;
-  const uint64_t out_offset = RoundUp(coords_bytes, lq::kOutAlign);
+  const uint64_t coords_bytes = n * local::kCoordBytes;
+  const uint64_t out_offset = RoundUp(coords_bytes, local::kOutAlign);
   *out = out_offset;
-  if (out_offset >= c.bytes) {
-    *need = out_offset + lq::kOutAlign;
+  if (out_offset >= c.bytes()) {
+    *need = out_offset + local::kOutAlign;
     return absl::ResourceExhaustedError("the coordinates need a larger region");
   }
   c.Touch(out_offset + n * c.vector_bytes);
-  char* p = c.base;
+  char* p = c.base();
   for (const VectorCoord& v : coords) {
     const int64_t triple[3] = {v.example, v.layer, v.token};
     std::memcpy(p, triple, sizeof(triple));
     p += sizeof(triple);
   }
-  lq::Request request;
-  request.count = n;
-  request.coords_offset = 0;
-  request.out_offset = out_offset;
-  request.dataset = dataset;
+  v1::LocalRequest request;
+  v1::LocalRequest::Vectors* asked = request.mutable_vectors();
+  asked->set_dataset(dataset);
+  asked->set_count(n);
+  asked->set_coords_offset(0);
+  asked->set_out_offset(out_offset);
+  v1::LocalReply reply;
   std::vector<UniqueFd> none;  // a reply to vectors carries no descriptor
-  ASSIGN_OR_RETURN(const lq::Reply reply, Ask(c, std::move(request), &none));
-  if (reply.code != 0) {
-    *need = reply.need_region_bytes;
-    return absl::Status(static_cast<absl::StatusCode>(reply.code),
-                        reply.message);
+  RETURN_IF_ERROR(c.channel.Ask(request, &reply, &none));
+  if (reply.code() != 0) {
+    *need = reply.need_region_bytes();
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                        reply.message());
   }
-  if (reply.rows != n || reply.d_model == 0 ||
-      reply.d_model >
-          (c.bytes - out_offset) / sizeof(float) / std::max<uint64_t>(n, 1)) {
+  const uint64_t rows = reply.vectors().rows();
+  const uint64_t d_model = reply.vectors().d_model();
+  if (!none.empty() || rows != n || d_model == 0 ||
+      d_model >
+          (c.bytes() - out_offset) / sizeof(float) / std::max<uint64_t>(n, 1)) {
     return absl::DataLossError(
-        absl::StrCat("the daemon's local query reply has ", reply.rows, " x ",
-                     reply.d_model, " vectors for ", n, " coordinates"));
+        absl::StrCat("the daemon's local query reply has ", rows, " x ",
+                     d_model, " vectors for ", n, " coordinates"));
   }
-  c.vector_bytes = reply.d_model * sizeof(float);
+  c.vector_bytes = d_model * sizeof(float);
   return std::vector<int64_t>{static_cast<int64_t>(n),
-                              static_cast<int64_t>(reply.d_model)};
+                              static_cast<int64_t>(d_model)};
 }
-
 absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Take() {
   {
     MutexLock lock(&pool_->mu);
@@ -268,26 +226,6 @@ absl::StatusOr<std::unique_ptr<LocalQueries::Conn>> LocalQueries::Take() {
     }
   }
   return Connect(kFirstRegionBytes);
-}
-
-absl::StatusOr<lq::Reply> LocalQueries::Ask(Conn& c, lq::Request request,
-                                            std::vector<UniqueFd>* fds) {
-  request.id = c.next_id++;
-  absl::Status sent = SendWithDescriptor(c.fd.get(), request.Encode(), -1);
-  if (!sent.ok()) return absl::UnavailableError(sent.message());
-  char buf[kMaxReplyBytes];
-  absl::StatusOr<absl::string_view> bytes = Receive(c.fd.get(), buf, fds);
-  if (!bytes.ok()) {
-    return absl::IsDataLoss(bytes.status())
-               ? bytes.status()
-               : absl::UnavailableError(bytes.status().message());
-  }
-  lq::Reply reply;
-  if (!reply.Decode(*bytes) || reply.id != request.id) {
-    return absl::DataLossError(
-        "the daemon's local query reply does not answer the request");
-  }
-  return reply;
 }
 
 void LocalQueries::Forget(const std::string& dataset) {
@@ -329,21 +267,24 @@ std::shared_ptr<LocalQueries::Direct> LocalQueries::DirectFor(
   if (!c.ok()) return nullptr;
   auto d = std::make_shared<Direct>();
   d->fetched = now;
-  lq::Request request;
-  request.op = lq::Op::kLayout;
-  request.dataset = dataset;
+  v1::LocalRequest request;
+  request.mutable_layout()->set_dataset(dataset);
+  request.mutable_layout()->set_out_offset(0);
+  v1::LocalReply reply;
   std::vector<UniqueFd> fds;
-  absl::StatusOr<lq::Reply> reply = Ask(**c, std::move(request), &fds);
-  if (!reply.ok()) return nullptr;  // the connection goes with `c`
-  if (reply->code == static_cast<uint32_t>(absl::StatusCode::kUnimplemented)) {
+  if (!(*c)->channel.Ask(request, &reply, &fds).ok()) {
+    return nullptr;  // the connection goes with `c`
+  }
+  if (reply.code() == static_cast<int32_t>(absl::StatusCode::kUnimplemented)) {
     direct_unimplemented_.store(true, std::memory_order_relaxed);
   }
-  if (reply->code == 0 && reply->rows <= (*c)->bytes) {
+  const uint64_t layout_bytes = reply.layout().bytes();
+  if (reply.code() == 0 && layout_bytes <= (*c)->bytes()) {
     absl::StatusOr<VectorLayout> layout = VectorLayout::Decode(
-        absl::string_view((*c)->base, static_cast<size_t>(reply->rows)));
+        absl::string_view((*c)->base(), static_cast<size_t>(layout_bytes)));
     if (layout.ok()) {
       d->offered = true;
-      d->serial = reply->serial;
+      d->serial = reply.layout().serial();
       d->layout = *std::move(layout);
     }
   }
@@ -401,7 +342,7 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
     }
   }
   if (!missing.empty()) {
-    if (missing.size() > lq::kMaxFilesPerOpen ||
+    if (missing.size() > local::kMaxFilesPerOpen ||
         open_files_->load(std::memory_order_relaxed) +
                 static_cast<int64_t>(missing.size()) >
             kMaxOpenFiles) {
@@ -409,20 +350,18 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
     }
     absl::StatusOr<std::unique_ptr<Conn>> c = Take();
     if (!c.ok()) return std::nullopt;
-    (*c)->Touch(missing.size() * sizeof(int64_t));
-    std::memcpy((*c)->base, missing.data(), missing.size() * sizeof(int64_t));
-    lq::Request request;
-    request.op = lq::Op::kOpenFiles;
-    request.count = missing.size();
-    request.serial = d->serial;
-    request.dataset = dataset;
+    v1::LocalRequest request;
+    v1::LocalRequest::OpenFiles* asked = request.mutable_open_files();
+    asked->set_dataset(dataset);
+    asked->set_serial(d->serial);
+    for (int64_t f : missing) asked->add_files(f);
+    v1::LocalReply reply;
     std::vector<UniqueFd> got;
-    absl::StatusOr<lq::Reply> reply = Ask(**c, std::move(request), &got);
-    if (!reply.ok()) return std::nullopt;
+    if (!(*c)->channel.Ask(request, &reply, &got).ok()) return std::nullopt;
     Return(*std::move(c));
-    if (reply->code != 0 || got.size() != missing.size()) {
+    if (reply.code() != 0 || got.size() != missing.size()) {
       // ABORTED: the dataset changed since its layout; ask for it again.
-      if (reply->code == static_cast<uint32_t>(absl::StatusCode::kAborted)) {
+      if (reply.code() == static_cast<int32_t>(absl::StatusCode::kAborted)) {
         Forget(dataset);
       }
       return std::nullopt;
@@ -466,10 +405,10 @@ std::optional<VectorBlock> LocalQueries::ReadDirect(
 
 std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  // No dataset has a name this long, but the socket's requests cannot say
-  // so: gRPC answers (NOT_FOUND), as for a client without the socket. (The
+  // No dataset has a name this long, but the channel's messages cannot say
+  // so: gRPC answers (NOT_FOUND), as for a client without the channel. (The
   // one check: ReadDirect, DirectFor and Call are only reached from here.)
-  if (dataset.size() > lq::kMaxDatasetBytes) return std::nullopt;
+  if (dataset.size() > local::kMaxMessageBytes / 2) return std::nullopt;
   if (direct_reads_ && !coords.empty() && coords.size() <= kDirectMaxVectors) {
     std::optional<VectorBlock> block = ReadDirect(dataset, coords);
     if (block.has_value()) return *std::move(block);
@@ -505,15 +444,15 @@ std::optional<absl::StatusOr<VectorBlock>> LocalQueries::GetVectors(
         MutexLock lock(&pool_->mu);
         max_bytes = pool_->max_region_bytes;
       }
-      if (growths == 2 || need <= c->bytes || need > max_bytes) {
+      if (growths == 2 || need <= c->bytes() || need > max_bytes) {
         Return(std::move(c));
         return shape.status();  // the daemon's RESOURCE_EXHAUSTED
       }
       ++growths;
-      absl::StatusOr<std::unique_ptr<Conn>> made =
-          Connect(std::min(max_bytes, std::max(need, 2 * c->bytes)));
-      if (!made.ok()) return std::nullopt;
-      c = std::move(*made);
+      // A larger region on the same connection.
+      if (!Grow(*c, std::min(max_bytes, std::max(need, 2 * c->bytes()))).ok()) {
+        return std::nullopt;
+      }
       continue;
     }
     // The connection broke (the daemon restarted?): one new try.

@@ -1,8 +1,8 @@
-// GetVectors over the daemon's local query socket (`<socket>.query`;
-// common/local/query_protocol.h, server/transport/local/local_query_service.h):
-// for a client on the daemon's node, a call is one small message each way, and
-// the vectors arrive in a memfd region this process made and handed over.
-// Internal to the client library.
+// GetVectors over the daemon's local channel (`<socket>.local`;
+// local_channel_internal.h, server/transport/local/local_channel.h): for a
+// client on the daemon's node, a call is one small message each way, and the
+// vectors arrive in a query region the daemon handed over. Internal to the
+// client library.
 #ifndef SHARDCAST_CLIENT_LOCAL_QUERIES_INTERNAL_H_
 #define SHARDCAST_CLIENT_LOCAL_QUERIES_INTERNAL_H_
 
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/local_channel_internal.h"
 #include "common/base/file.h"
 #include "common/base/mutex.h"
-#include "common/local/query_protocol.h"
 #include "shardcast/client.h"
 
 namespace shardcast {
@@ -34,10 +34,10 @@ namespace internal_client {
 /// caller keeping many blocks does not keep as many connections.
 class LocalQueries {
  public:
-  /// Connects to `path` (the gRPC socket's path + ".query") once, to see
-  /// whether the daemon serves it; null when it does not (no such socket,
-  /// an older daemon, a refusal), and the client then uses gRPC.
-  /// `timeout_seconds` bounds each wait for the daemon's reply to a hello.
+  /// Connects to `path` (the local channel) once, to see whether the daemon
+  /// serves queries on it; null when it does not (no such socket, an older
+  /// daemon, local queries off, a refusal), and the client then uses gRPC.
+  /// `timeout_seconds` bounds each wait for a query region.
   /// `direct_reads`: ClientOptions::local_direct_reads.
   static std::unique_ptr<LocalQueries> Open(const std::string& path,
                                             int timeout_seconds,
@@ -65,12 +65,9 @@ class LocalQueries {
   LocalQueries(std::string path, int timeout_seconds, bool direct_reads);
   // An idle connection, or a new one (the error when none can be made).
   absl::StatusOr<std::unique_ptr<Conn>> Take();
-  // Sends `request` on `c` (its id set here) and returns the reply that
-  // answers it, and the descriptors it carried in `fds`. UNAVAILABLE when
-  // the connection broke, DATA_LOSS for a reply that does not answer it
-  // (either way the caller drops `c`).
-  absl::StatusOr<local_query::Reply> Ask(Conn& c, local_query::Request request,
-                                         std::vector<UniqueFd>* fds);
+  // Gives `c` a query region of at least `bytes` (replacing its old one);
+  // the daemon's refusal or the connection's error otherwise.
+  absl::Status Grow(Conn& c, uint64_t bytes);
   // The vectors read here (Direct); nullopt when they cannot be (the daemon
   // then reads them and says why).
   std::optional<VectorBlock> ReadDirect(const std::string& dataset,
@@ -81,8 +78,8 @@ class LocalQueries {
   std::shared_ptr<Direct> DirectFor(const std::string& dataset)
       ABSL_LOCKS_EXCLUDED(direct_mu_);
   void Forget(const std::string& dataset) ABSL_LOCKS_EXCLUDED(direct_mu_);
-  // A connection with a region of at least `region_bytes`; the daemon's
-  // refusal or the socket's error otherwise.
+  // A new connection with a query region of at least `region_bytes`; the
+  // daemon's refusal or the socket's error otherwise.
   absl::StatusOr<std::unique_ptr<Conn>> Connect(uint64_t region_bytes);
   // One call on `c`: the shape of the vectors now at `*out_offset` in its
   // region. UNAVAILABLE when the connection broke (the caller drops it);

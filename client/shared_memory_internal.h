@@ -1,6 +1,6 @@
 // The client's half of the shared-memory path (docs/local-clients.md, "Shared
-// memory"; the messages are in common/local/shm_protocol.h): a region of batch
-// slots got from the daemon's shared-memory socket and mapped read-only here.
+// memory"): a region of batch slots asked for on the daemon's local channel
+// (local_channel_internal.h) and mapped read-only here.
 #ifndef SHARDCAST_CLIENT_SHARED_MEMORY_INTERNAL_H_
 #define SHARDCAST_CLIENT_SHARED_MEMORY_INTERNAL_H_
 
@@ -9,17 +9,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/base/file.h"
+#include "client/local_channel_internal.h"
+#include "common/local/memfd.h"
 
 namespace shardcast {
 namespace internal_client {
-
-/// The path of gRPC `address` when it is a Unix socket ("unix:/path" or
-/// "unix:///path"), or "".
-std::string UnixSocketPath(const std::string& address);
-/// The shared-memory socket of a daemon at gRPC `address`, or "" when the
-/// address is not a Unix socket.
-std::string SharedMemorySocket(const std::string& address);
 
 /// A mapped region. The connection that asked for it stays open until
 /// Disconnect or destruction, which keeps the region attachable by a
@@ -27,20 +21,20 @@ std::string SharedMemorySocket(const std::string& address);
 /// Disconnect.
 class ClientRegion {
  public:
-  /// Connects to `socket_path`, asks for `slots` slots of at least
-  /// `slot_bytes`, and maps what the daemon hands over. The errno's code
-  /// naming the socket when it cannot connect (NOT_FOUND: no such socket);
-  /// the daemon's code and message when it refuses (RESOURCE_EXHAUSTED when
-  /// its reservoir cannot spare the memory); DATA_LOSS for a reply that is
-  /// not one.
+  /// Connects to the local channel at `channel_path`, asks for `slots`
+  /// slots of at least `slot_bytes`, and maps what the daemon hands over.
+  /// The errno's code naming the socket when it cannot connect (NOT_FOUND:
+  /// no such socket); the daemon's code and message when it refuses
+  /// (RESOURCE_EXHAUSTED when its reservoir cannot spare the memory,
+  /// UNIMPLEMENTED when its shared memory is off); DATA_LOSS for a reply
+  /// that is not one.
   static absl::StatusOr<std::shared_ptr<const ClientRegion>> Open(
-      const std::string& socket_path, uint32_t slots, uint64_t slot_bytes);
-  ~ClientRegion();
+      const std::string& channel_path, uint32_t slots, uint64_t slot_bytes);
   ClientRegion(const ClientRegion&) = delete;
   ClientRegion& operator=(const ClientRegion&) = delete;
 
   const char* slot_data(uint32_t slot) const {
-    return base_ + static_cast<uint64_t>(slot) * slot_bytes_;
+    return mapping_.data() + static_cast<uint64_t>(slot) * slot_bytes_;
   }
   uint32_t slots() const { return slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -49,13 +43,13 @@ class ClientRegion {
   /// Closes the connection: the daemon lets go of the region (and of the
   /// reservoir memory it leased for it) once no stream uses it. The mapping
   /// here stays valid. Call from one thread at a time.
-  void Disconnect() const { connection_.Reset(); }
+  void Disconnect() const { connection_.Close(); }
 
  private:
-  ClientRegion() = default;
-  mutable UniqueFd connection_;
-  const char* base_ = nullptr;
-  uint64_t bytes_ = 0;
+  explicit ClientRegion(LocalConnection connection)
+      : connection_(std::move(connection)) {}
+  mutable LocalConnection connection_;
+  SharedMapping mapping_;
   uint32_t slots_ = 0;
   uint64_t slot_bytes_ = 0;
   std::string token_;

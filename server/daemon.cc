@@ -21,8 +21,7 @@
 #include "common/base/mutex.h"
 #include "common/base/status.h"
 #include "common/base/tsan.h"
-#include "common/local/query_protocol.h"
-#include "common/local/shm_protocol.h"
+#include "common/local/channel.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/engine/engine.h"
@@ -36,8 +35,8 @@
 #include "server/transport/grpc/local_acceptor.h"
 #include "server/transport/grpc/payload_router.h"
 #include "server/transport/http/http_admin.h"
-#include "server/transport/local/local_query_service.h"
-#include "server/transport/local/shm_service.h"
+#include "server/transport/local/batch_regions.h"
+#include "server/transport/local/local_channel.h"
 #include "server/transport/metrics.h"
 #include "server/transport/worker_pool.h"
 
@@ -253,9 +252,9 @@ struct Daemon::Impl {
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
   std::unique_ptr<LocalAcceptor> local;  // the Unix socket (null without)
-  std::unique_ptr<ShmService> shm;       // null: shared memory is off
-  // Null: local queries are off, or the kernel has no io_uring.
-  std::unique_ptr<LocalQueryService> local_queries;
+  std::unique_ptr<BatchRegions> shm;     // null: shared memory is off
+  // Null: no Unix socket, or shared memory and local queries both off.
+  std::unique_ptr<LocalChannel> channel;
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<grpc::Server> server;
@@ -302,56 +301,47 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   // Idle batch buffers kept for reuse: a few per stream at most.
   d->buffers = std::make_unique<BufferPool>(256ull << 20);
   // Whom --allow-user/--allow-group let in, on the Unix socket and on the
-  // side channels beside it (shared memory, local queries).
+  // local channel beside it.
   LocalAllowList allow;
   ASSIGN_OR_RETURN(allow.uids, ResolveUsers(options.allow_users));
   ASSIGN_OR_RETURN(allow.gids, ResolveGroups(options.allow_groups));
-  const auto side_channel_admits = [allow](uid_t uid, gid_t gid) {
-    return allow.Admits(uid, gid);
-  };
-  // The side channels' sockets are bound (and listening) before the Unix
-  // socket: a client that finds the Unix socket finds them. Bound after, a
+  // The local channel's socket is bound (and listening) before the Unix
+  // socket: a client that finds the Unix socket finds it. Bound after, a
   // client connecting in between would send its queries over gRPC for as
-  // long as it runs (it looks for the query socket once, at Connect), and
-  // a stream opened while the shared-memory socket was bound but not yet
-  // listening would fail.
-  if (!options.unix_socket.empty() && !options.disable_shared_memory) {
-    ShmServiceOptions shm;
-    shm.path = options.unix_socket + shm::kSocketSuffix;
-    shm.mode = kSocketMode;
-    shm.group = options.socket_group;
-    shm.admits = side_channel_admits;
-    ASSIGN_OR_RETURN(d->shm, ShmService::Start(shm, d->engine.get()));
+  // long as it runs (it looks for the channel once, at Connect), and a
+  // stream opened meanwhile would get its batches in gRPC messages.
+  const bool shared_memory =
+      !options.unix_socket.empty() && !options.disable_shared_memory;
+  const bool local_queries =
+      !options.unix_socket.empty() && !options.disable_local_queries;
+  if (shared_memory) {
+    d->shm =
+        std::make_unique<BatchRegions>(BatchRegionsOptions(), d->engine.get());
   }
-  if (!options.unix_socket.empty() && !options.disable_local_queries) {
-    LocalQueryOptions lq;
-    lq.path = options.unix_socket + local_query::kSocketSuffix;
-    lq.mode = kSocketMode;
-    lq.group = options.socket_group;
-    lq.max_connections = static_cast<int>(options.max_connections);
-    lq.spin_us = static_cast<unsigned>(options.local_query_spin_us);
-    lq.threads = options.LocalQueryThreads();
-    lq.direct_reads = !options.disable_direct_reads;
+  if (shared_memory || local_queries) {
+    LocalChannelOptions channel;
+    channel.path = options.unix_socket + local::kSocketSuffix;
+    channel.mode = kSocketMode;
+    channel.group = options.socket_group;
+    channel.max_connections = static_cast<int>(options.max_connections);
+    channel.spin_us = static_cast<unsigned>(options.local_query_spin_us);
+    channel.threads = options.LocalQueryThreads();
+    channel.direct_reads = !options.disable_direct_reads;
     // The vectors of the largest call and their coordinates, and never
-    // less than a client's first region (16 MiB of address space here; the
-    // memory is the client's).
-    lq.max_region_bytes = std::max<uint64_t>(
+    // less than a client's first region.
+    channel.max_query_region_bytes = std::max<uint64_t>(
         16ull << 20, options.max_bytes_per_call +
                          static_cast<uint64_t>(options.max_vectors_per_call) *
-                             local_query::kCoordBytes +
-                         local_query::kOutAlign);
-    lq.admits = side_channel_admits;
-    absl::StatusOr<std::unique_ptr<LocalQueryService>> started =
-        LocalQueryService::Start(lq, &d->engine->queries(), &d->metrics);
-    if (started.ok()) {
-      d->local_queries = std::move(*started);
-    } else if (absl::IsUnimplemented(started.status())) {
-      // No io_uring (an old kernel, seccomp): clients ask over gRPC.
-      LogWarning("no local query socket (", started.status().ToString(),
-                 "); local clients' queries go over gRPC");
-    } else {
-      return started.status();
-    }
+                             local::kCoordBytes +
+                         local::kOutAlign);
+    channel.admits = [allow](uid_t uid, gid_t gid) {
+      return allow.Admits(uid, gid);
+    };
+    ASSIGN_OR_RETURN(
+        d->channel,
+        LocalChannel::Start(channel,
+                            local_queries ? &d->engine->queries() : nullptr,
+                            d->shm.get(), &d->metrics));
   }
   if (!options.unix_socket.empty()) {
     LocalAcceptorOptions local;
@@ -482,7 +472,7 @@ void Daemon::Shutdown() {
   d->server->Wait();
   // Its reads in flight complete first; calls not yet begun are dropped
   // (their clients see the connection close).
-  d->local_queries.reset();
+  d->channel.reset();
   TsanAcquire(&d->metrics);  // every admin handler ran before (Wait)
   d->pool.reset();  // runs what is queued; their reactors are already done
   // Batches sent as views pin the engine's blocks until gRPC lets go of

@@ -37,11 +37,11 @@ const std::vector<DaemonOption>& Table() {
        OptionKind::kText, &O::socket_group},
       {"disable-shared-memory", "disable_shared_memory", nullptr,
        "serve local clients their batches in gRPC messages only, not in "
-       "shared memory (PATH.shm)",
+       "shared memory (through the local channel, PATH.local)",
        OptionKind::kSwitch, &O::disable_shared_memory},
       {"disable-local-queries", "disable_local_queries", nullptr,
        "answer local clients' queries over gRPC only, not on the local "
-       "query socket (PATH.query)",
+       "channel (PATH.local)",
        OptionKind::kSwitch, &O::disable_local_queries},
       {"disable-direct-reads", "disable_direct_reads", nullptr,
        "read every vector local query clients ask for here; by default an "
@@ -100,7 +100,7 @@ const std::vector<DaemonOption>& Table() {
        "replies for some CPU; 0: never spin)",
        OptionKind::kInteger, &O::local_query_spin_us, 0, 10000},
       {"local-query-threads", "local_query_threads", "N",
-       "threads serving the local query socket, each with its own io_uring "
+       "threads serving the local channel (PATH.local), each with its own ring "
        "and a share of the connections (-1, the default: half the cores, at "
        "least 2, at most 8)",
        OptionKind::kInteger, &O::local_query_threads, 1, 64, true},

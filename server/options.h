@@ -29,14 +29,15 @@ struct DaemonOptions {
   /// and a `<path>.lock` file keeps a second daemon from taking it.
   std::string unix_socket;
   std::string socket_group;  // chgrp the socket to this group when set
-  /// Without it, local clients get batches in shared memory through
-  /// `<unix_socket>.shm` (server/transport/local/shm_service.h).
+  /// Without it, local clients get batches in shared memory through the
+  /// local channel, `<unix_socket>.local`
+  /// (server/transport/local/local_channel.h).
   bool disable_shared_memory = false;
-  /// Without it, local clients' GetVectors calls go through
-  /// `<unix_socket>.query` (server/transport/local/local_query_service.h).
+  /// Without it, local clients' GetVectors calls go through the local
+  /// channel (server/transport/local/local_channel.h).
   bool disable_local_queries = false;
   /// With it, local query clients never get descriptors of dataset files:
-  /// the daemon reads every vector (LocalQueryOptions::direct_reads).
+  /// the daemon reads every vector (LocalChannelOptions::direct_reads).
   bool disable_direct_reads = false;
   /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
   /// TLS unless the host is loopback or insecure_tcp is set.
@@ -63,9 +64,9 @@ struct DaemonOptions {
   /// socket writes of gRPC batches); -1: DefaultQueryThreads of the cores
   /// this process may run on.
   int64_t query_threads = -1;
-  /// LocalQueryOptions::spin_us (server/transport/local/local_query_service.h).
+  /// LocalChannelOptions::spin_us (server/transport/local/local_channel.h).
   int64_t local_query_spin_us = 0;
-  /// LocalQueryOptions::threads; -1: DefaultLocalQueryThreads of the cores
+  /// LocalChannelOptions::threads; -1: DefaultLocalQueryThreads of the cores
   /// this process may run on.
   int64_t local_query_threads = -1;
   // Requests for more are refused; larger request messages are refused

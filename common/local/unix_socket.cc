@@ -1,7 +1,5 @@
 #include "common/local/unix_socket.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,12 +10,6 @@
 #include "common/base/status.h"
 
 namespace shardcast {
-
-absl::Status SendWithDescriptor(int sock, absl::string_view bytes, int fd,
-                                int flags) {
-  if (fd < 0) return SendWithDescriptors(sock, bytes, {}, flags);
-  return SendWithDescriptors(sock, bytes, {fd}, flags);
-}
 
 absl::Status SendWithDescriptors(int sock, absl::string_view bytes,
                                  absl::Span<const int> fds, int flags) {
@@ -62,39 +54,6 @@ void TakeDescriptors(const struct msghdr& msg, std::vector<UniqueFd>* fds) {
       fds->emplace_back(fd);
     }
   }
-}
-
-absl::StatusOr<size_t> ReceiveWithDescriptors(int sock, absl::Span<char> buf,
-                                              std::vector<UniqueFd>* fds) {
-  struct iovec iov = {buf.data(), buf.size()};
-  struct msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(
-      struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxDescriptors)];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = ::recvmsg(sock, &msg, MSG_TRUNC | MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return ErrnoToStatus(errno, "receive on a Unix socket");
-  TakeDescriptors(msg, fds);
-  return static_cast<size_t>(n);
-}
-
-absl::StatusOr<UniqueFd> SealedMemfd(const char* name, uint64_t bytes,
-                                     absl::string_view what) {
-  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoToStatus(errno, "memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("size the ", what));
-  }
-  if (::fcntl(fd.get(), F_ADD_SEALS,
-              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("seal the ", what));
-  }
-  return fd;
 }
 
 }  // namespace shardcast

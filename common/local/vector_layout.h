@@ -2,8 +2,8 @@
 // tables, for a process that reads vectors from files it did not validate
 // itself: the daemon sends it to local query clients, which then read
 // single vectors with pread on read-only descriptors the daemon hands over
-// (docs/local-clients.md, "Local queries"; common/local/query_protocol.h,
-// Op::kLayout).
+// (docs/local-clients.md, "Local queries"; the local channel's Layout
+// request, proto/shardcast/v1/local.proto).
 //
 // The format library makes it (common/format/layout_of.h); this room only
 // carries it. Both layouts the format library reads are affine in the

@@ -9,7 +9,7 @@
 # Slurm runs it as root with SLURM_JOB_ID, SLURM_JOB_USER, SLURM_JOB_UID
 # (and SLURM_JOB_GID, SLURM_JOB_CONSTRAINTS) set. It creates
 #   $SHARDCAST_JOB_RUNDIR/job-$SLURM_JOB_ID/          owner the user, mode 0700
-#       shardcastd.sock (+ .lock, .shm)                the daemon's socket
+#       shardcastd.sock (+ .lock, .local)              the daemon's socket
 #       shardcastd.log                                 its log
 #   $SHARDCAST_JOB_RUNDIR/job-$SLURM_JOB_ID.pid        the daemon's pid (root's)
 # starts shardcastd there with setpriv (no new privileges, the user's groups,
@@ -164,8 +164,8 @@ daemon_bin=$(find_bin "${SHARDCASTD:-}" shardcastd) ||
 cli_bin=$(find_bin "${SHARDCAST:-}" shardcast) ||
   { say "the shardcast CLI not found (set SHARDCAST)"; [[ ${SHARDCAST_PROLOG_STRICT:-0} == 1 ]] && exit 1; exit 0; }
 
-if [[ $(LC_ALL=C; printf '%s' "${#sock}") -gt 103 ]]; then
-  say "socket path $sock is too long for a Unix socket (with .shm: 107 bytes)"; exit 1
+if [[ $(LC_ALL=C; printf '%s' "${#sock}") -gt 101 ]]; then
+  say "socket path $sock is too long for a Unix socket (with .local: 107 bytes)"; exit 1
 fi
 
 # The directory is root's until the log is open, then the user's: nothing

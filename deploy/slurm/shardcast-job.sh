@@ -207,9 +207,9 @@ base=${base%/}
 jobdir=$base/shardcast-${SLURM_JOB_ID:-$$}
 sock=$jobdir/shardcastd.sock
 log=$jobdir/shardcastd.log
-# sun_path holds 107 bytes and a NUL; the side channel is "<socket>.shm".
-if [[ $(byte_length "$sock.shm") -gt 107 ]]; then
-  fail 1 "socket path $sock.shm is longer than a Unix socket allows (107 bytes): set TMPDIR to a shorter node-local directory"
+# sun_path holds 107 bytes and a NUL; the local channel is "<socket>.local".
+if [[ $(byte_length "$sock.local") -gt 107 ]]; then
+  fail 1 "socket path $sock.local is longer than a Unix socket allows (107 bytes): set TMPDIR to a shorter node-local directory"
 fi
 [[ -d $base ]] || fail 1 "$base (SLURM_TMPDIR/TMPDIR) is not a directory"
 

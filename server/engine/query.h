@@ -173,7 +173,7 @@ class QueryEngine {
     direct_bytes_read_ += direct_bytes;
   }
 
-  /// For clients that read vectors themselves (the local query socket's
+  /// For clients that read vectors themselves (the local channel's
   /// direct reads): where `dataset`'s vectors lie, and the serial of the
   /// reader whose files the layout describes (DatasetReader::serial).
   /// Errors as GetVectors' for the dataset.

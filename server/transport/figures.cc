@@ -174,7 +174,7 @@ const std::vector<Declaration>& Declarations() {
           {"shardcast_queries_local_total",
            kCounter,
            "",
-           "GetVectors calls on the local query socket (PATH.query), without "
+           "GetVectors calls on the local channel (PATH.local), without "
            "gRPC.",
            {},
            One([](const Now& n) { return D(n.m.queries_local.load()); })},

@@ -37,7 +37,7 @@ struct LocalAcceptorFigures {
   std::vector<LocalPeer> peers;  // of the open connections
 };
 
-/// The shared-memory side channel's figures (local/shm_service.h).
+/// The batch regions' figures (local/batch_regions.h).
 struct ShmFigures {
   int64_t regions = 0;   // mapped (attached or attachable)
   uint64_t bytes = 0;    // their size

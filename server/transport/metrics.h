@@ -33,7 +33,7 @@ struct Metrics {
   /// VectorsSession calls open now, and the requests they carried.
   std::atomic<int64_t> query_sessions{0};
   std::atomic<uint64_t> session_requests{0};
-  /// GetVectors calls on the local query socket (not gRPC).
+  /// GetVectors calls on the local channel (not gRPC).
   std::atomic<uint64_t> queries_local{0};
   /// Read-only descriptors of dataset files handed to local query clients,
   /// which then read single vectors themselves (direct reads).

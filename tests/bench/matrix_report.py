@@ -239,7 +239,7 @@ def query_rows(out, query_dir, repeat):
     # (a unary reply cannot overlap its own reads). The client streams calls
     # this large (StreamVectors: parts leave as their reads complete), so
     # shardcast can pass it, and on the daemon's node the client library
-    # uses the local query socket, not gRPC, by default. Printed beside the
+    # uses the local channel, not gRPC, by default. Printed beside the
     # target, not instead.
     rt_batch = [load(p)["mean_us"] for p in
                 (os.path.join(out, f"unary-batch-{r}.json") for r in range(1, repeat + 1))

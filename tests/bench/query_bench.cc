@@ -61,7 +61,7 @@ const std::vector<OptionSpec> kSpecs = {
      "library's, 64; 0 = never)"},
     {"no-local", nullptr,
      "the Client's local_queries off: GetVectors over gRPC even on the "
-     "daemon's node (default: the local query socket when the daemon has one)"},
+     "daemon's node (default: the local channel when the daemon has one)"},
     {"no-direct", nullptr,
      "the Client's local_direct_reads off: the daemon reads single vectors "
      "too (default: this process reads them with the descriptors the daemon "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two shardcastd binaries answering single-vector GetVectors over gRPC (not
-# the local query socket: the path of remote visualisers), side by side on
+# the local channel: the path of remote visualisers), side by side on
 # one dataset: cold calls (the shards evicted before each run) and warm ones
 # (the shards in the page cache), alternating between the daemons run by
 # run, the order swapped every round, so that the disk's drift and the VM's

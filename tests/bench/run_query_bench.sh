@@ -25,7 +25,7 @@
 #                  reference, and of the $CONC-thread phase and its own
 #                  (default 3; 0: none)
 #   QUERY_ARGS     more query_bench flags for every phase, e.g. --no-local
-#                  (GetVectors over gRPC instead of the local query socket)
+#                  (GetVectors over gRPC instead of the local channel)
 #   COLD_SHARE     a cold phase reads at most 1/COLD_SHARE of the dataset's
 #                  vectors, each once (default 4): fio's reference, on as many
 #                  reads, then also reads blocks whose neighbours are mostly

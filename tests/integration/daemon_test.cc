@@ -33,8 +33,7 @@
 #include "common/base/file.h"
 #include "common/format/synth.h"
 #include "common/format/writer.h"
-#include "common/local/query_protocol.h"
-#include "common/local/shm_protocol.h"
+#include "common/local/channel.h"
 #include "common/local/unix_socket.h"
 #include "common/local/vector_layout.h"
 #include "gtest/gtest.h"
@@ -177,9 +176,9 @@ class DaemonTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     auto p =
         std::make_unique<DaemonProcess>(args, JoinPath(dir_, "daemon.log"));
-    // The daemon binds its Unix socket after the shared-memory and local
-    // query sockets beside it (SideSocketsAreBoundBeforeTheUnixSocket): once
-    // it is there, so are they, for a test that goes straight to one.
+    // The daemon binds its Unix socket after the local channel's socket
+    // beside it (SideSocketsAreBoundBeforeTheUnixSocket): once it is there,
+    // so is the channel, for a test that goes straight to it.
     for (int i = 0; i < 500; ++i) {
       struct stat st;
       if (::stat(sock.c_str(), &st) == 0) break;
@@ -188,7 +187,7 @@ class DaemonTest : public ::testing::Test {
     return p;
   }
 
-  // Options whose GetVectors go through the local query socket (the
+  // Options whose GetVectors go through the local channel (the
   // default on a Unix socket) or, with `local` false, over gRPC.
   static ClientOptions QueriesOver(bool local) {
     ClientOptions options;
@@ -274,8 +273,8 @@ TEST_F(DaemonTest, VectorsEqualTheGeneratorAtProtocolOffsets) {
                       static_cast<int64_t>(rng() % 17)});
     layer_index.push_back(li);
   }
-  for (bool local : {true, false}) {  // the local query socket, then gRPC
-    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+  for (bool local : {true, false}) {  // the local channel, then gRPC
+    SCOPED_TRACE(local ? "local channel" : "gRPC");
     auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto block = client->GetVectors(main_id_, coords);
@@ -438,7 +437,7 @@ TEST_F(DaemonTest, BadRequestsGetTheirStatusCodes) {
   daemon_ = StartDaemon(
       {"--max-vectors-per-call", "16", "--max-bytes-per-call", "1024"});
   for (bool local : {true, false}) {
-    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+    SCOPED_TRACE(local ? "local channel" : "gRPC");
     auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto code = [](const auto& r) { return r.status().code(); };
@@ -487,7 +486,7 @@ TEST_F(DaemonTest, TruncatedShardGivesDataLossAndOthersKeepWorking) {
       JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
   ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
   for (bool local : {true, false}) {
-    SCOPED_TRACE(local ? "local query socket" : "gRPC");
+    SCOPED_TRACE(local ? "local channel" : "gRPC");
     auto client = Connect(QueriesOver(local));
     ASSERT_NE(client, nullptr);
     auto r = client->GetVectors(main_id_, {{30, 6, 3}});
@@ -732,7 +731,7 @@ TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// The daemon restarts under an open session (gRPC) and open local query
+// The daemon restarts under an open session (gRPC) and open local channel
 // connections: they break, the next calls open new ones and get the right
 // values.
 TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
@@ -838,7 +837,7 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   EXPECT_GT(status->calls_failed, 0u);
 }
 
-// Sixteen threads of one Client on the local query socket, a few vectors
+// Sixteen threads of one Client on the local channel, a few vectors
 // per call and every tenth call with a bad coordinate, then one call larger
 // than the connection's first region: each gets the generator's values or
 // its own error, and no query goes through gRPC.
@@ -855,7 +854,7 @@ TEST_F(DaemonTest, LocalQueriesAnswerThreadsWithoutGrpc) {
   EXPECT_EQ(out.wrong_rows, 0);
   EXPECT_EQ(out.wrong_results, 0);
   // 60,000 coordinates: 1.4 MB of them and 7.7 MB of vectors, more than
-  // the first region (1 MiB) holds; the client reconnects with a larger one.
+  // the first region (1 MiB) holds; the client asks for a larger one.
   std::vector<VectorCoord> coords;
   std::mt19937_64 rng(9);
   for (int i = 0; i < 60000; ++i) {
@@ -878,7 +877,7 @@ TEST_F(DaemonTest, LocalQueriesAnswerThreadsWithoutGrpc) {
   EXPECT_GE(status->calls_total, 16u * 40u + 1u);
 }
 
-// Blocks from the local query socket view the connection's region, which
+// Blocks from the local channel view the connection's query region, which
 // no later call may overwrite while a block holds it: forty blocks held at
 // once (the first ones views, the rest copies), more calls meanwhile, then
 // the client gone; every block keeps its own values.
@@ -914,25 +913,12 @@ TEST_F(DaemonTest, LocalBlocksKeepTheirValuesWhileHeld) {
   held.clear();  // the lent connections close
 }
 
-TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
-  daemon_ = StartDaemon({"--disable-local-queries"});
-  auto client = Connect();
-  ASSERT_NE(client, nullptr);
-  struct stat st;
-  EXPECT_NE(::stat((socket_ + ".query").c_str(), &st), 0);
-  auto r = client->GetVectors(main_id_, {{4, 6, 2}});
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->values[3], Expected(4, 1, 2, 3));
-  EXPECT_NE(ReadAll(JoinPath(dir_, "daemon.log"))
-                .find("call /shardcast.v1.Query/VectorsSession"),
-            std::string::npos);
-}
-
-// A raw connection to the local query socket (common/local/query_protocol.h),
-// to send what the client library never would.
-class RawQueryConnection {
+// A raw connection to the local channel (proto/shardcast/v1/local.proto,
+// framed as common/local/channel.h says), to send what the client library
+// never would.
+class RawLocalConnection {
  public:
-  explicit RawQueryConnection(const std::string& path) {
+  explicit RawLocalConnection(const std::string& path) {
     fd_.Reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     struct sockaddr_un addr = {};
     addr.sun_family = AF_UNIX;
@@ -942,50 +928,81 @@ class RawQueryConnection {
     struct timeval tv = {10, 0};  // a reply that never comes fails the test
     ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
+  RawLocalConnection(const RawLocalConnection&) = delete;
+  RawLocalConnection& operator=(const RawLocalConnection&) = delete;
+  ~RawLocalConnection() { Unmap(); }
   bool connected() const { return connected_; }
-  // A memfd of `bytes`, sealed against shrinking when `sealed`, mapped here.
-  void MakeRegion(uint64_t bytes, bool sealed) {
-    memfd_.Reset(
-        ::memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    ASSERT_TRUE(memfd_.valid());
-    ASSERT_EQ(::ftruncate(memfd_.get(), static_cast<off_t>(bytes)), 0);
-    if (sealed) {
-      ASSERT_EQ(::fcntl(memfd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW),
-                0);
+
+  // Sends `bytes` as one packet with `fds`, whatever the bytes say.
+  bool SendBytes(const std::string& bytes, absl::Span<const int> fds = {}) {
+    return SendWithDescriptors(fd_.get(), bytes, fds).ok();
+  }
+  // Sends `request` as it is (its id too) with `fds`.
+  bool Send(v1::LocalRequest request, absl::Span<const int> fds = {}) {
+    return local::SendMessage(fd_.get(), request, fds).ok();
+  }
+  // The next reply and the descriptors it carried; false when none came
+  // (the daemon closed the connection, or 10 s passed).
+  bool Receive(v1::LocalReply* reply, std::vector<UniqueFd>* fds = nullptr) {
+    std::vector<UniqueFd> got;
+    absl::StatusOr<local::Received> r =
+        local::ReceiveMessage(fd_.get(), reply, &got);
+    if (fds != nullptr) *fds = std::move(got);
+    return r.ok() && *r == local::Received::kMessage;
+  }
+  // Whether the daemon has closed the connection (the next receive sees its
+  // end rather than a packet or the timeout).
+  bool Closed() {
+    char buf[256];
+    return ::recv(fd_.get(), buf, sizeof(buf), 0) == 0;
+  }
+  // Sends `request` with the next id; its reply, and in `fds` the
+  // descriptors that came with it. No reply: code -1, which fails checks.
+  v1::LocalReply Call(v1::LocalRequest request,
+                      std::vector<UniqueFd>* fds = nullptr) {
+    request.set_id(++id_);
+    EXPECT_TRUE(Send(request));
+    v1::LocalReply reply;
+    if (!Receive(&reply, fds)) {
+      reply.Clear();
+      reply.set_code(-1);
+      reply.set_message("no reply");
+      return reply;
     }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                     memfd_.get(), 0);
-    ASSERT_NE(p, MAP_FAILED);
-    base_ = static_cast<char*>(p);
-    bytes_ = bytes;
-  }
-  ~RawQueryConnection() {
-    if (base_ != nullptr) ::munmap(base_, bytes_);
-  }
-  // Sends `message`, with the region's memfd when `with_fd`.
-  bool Send(const std::string& message, bool with_fd = false) {
-    return SendWithDescriptor(fd_.get(), message, with_fd ? memfd_.get() : -1)
-        .ok();
-  }
-  // The next message; "" when the daemon closed the connection.
-  std::string Receive() {
-    char buf[8192];
-    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
-    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-  }
-  local_query::HelloReply Hello(uint64_t region_bytes, bool with_fd = true) {
-    local_query::Hello hello;
-    hello.region_bytes = region_bytes;
-    EXPECT_TRUE(Send(hello.Encode(), with_fd));
-    local_query::HelloReply reply;
-    EXPECT_TRUE(reply.Decode(Receive()));
+    EXPECT_EQ(reply.id(), request.id());
     return reply;
   }
-  // Writes `coords` at `coords_offset` and asks for them at `out_offset`.
-  local_query::Reply Ask(const std::string& dataset,
-                         const std::vector<VectorCoord>& coords,
-                         uint64_t coords_offset, uint64_t out_offset,
-                         uint64_t count) {
+  // Asks for a query region of `bytes`; when the daemon hands one over,
+  // maps it here read-write (in place of the last).
+  v1::LocalReply QueryRegion(uint64_t bytes) {
+    v1::LocalRequest request;
+    request.mutable_query_region()->set_bytes(bytes);
+    std::vector<UniqueFd> fds;
+    v1::LocalReply reply = Call(request, &fds);
+    if (reply.code() != 0) {
+      EXPECT_TRUE(fds.empty());
+      return reply;
+    }
+    EXPECT_TRUE(reply.has_query_region());
+    EXPECT_EQ(fds.size(), 1u);
+    if (fds.size() != 1) return reply;
+    Unmap();
+    const uint64_t got = reply.query_region().bytes();
+    void* p = ::mmap(nullptr, got, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     fds[0].get(), 0);
+    EXPECT_NE(p, MAP_FAILED) << std::strerror(errno);
+    if (p == MAP_FAILED) return reply;
+    base_ = static_cast<char*>(p);
+    bytes_ = got;
+    memfd_ = std::move(fds[0]);
+    return reply;
+  }
+  // Writes `coords` at `coords_offset` of the region and asks for `count`
+  // vectors from there at `out_offset`.
+  v1::LocalReply Ask(const std::string& dataset,
+                     const std::vector<VectorCoord>& coords,
+                     uint64_t coords_offset, uint64_t out_offset,
+                     uint64_t count) {
     // (Those that fit: a request may point past the region's end.)
     for (size_t i = 0; i < coords.size(); ++i) {
       const int64_t v[3] = {coords[i].example, coords[i].layer,
@@ -993,38 +1010,25 @@ class RawQueryConnection {
       if (coords_offset + (i + 1) * sizeof(v) > bytes_) break;
       std::memcpy(base_ + coords_offset + i * sizeof(v), v, sizeof(v));
     }
-    local_query::Request request;
-    request.count = count;
-    request.coords_offset = coords_offset;
-    request.out_offset = out_offset;
-    request.dataset = dataset;
+    v1::LocalRequest request;
+    v1::LocalRequest::Vectors* vectors = request.mutable_vectors();
+    vectors->set_dataset(dataset);
+    vectors->set_count(count);
+    vectors->set_coords_offset(coords_offset);
+    vectors->set_out_offset(out_offset);
     return Call(request);
   }
-  // Sends `request` (its id set here); the reply, and in `fds` the
-  // descriptors it carried.
-  local_query::Reply Call(local_query::Request request,
-                          std::vector<UniqueFd>* fds = nullptr) {
-    request.id = ++id_;
-    EXPECT_TRUE(Send(request.Encode()));
-    std::vector<UniqueFd> got;
-    char buf[8192];
-    absl::StatusOr<size_t> n =
-        ReceiveWithDescriptors(fd_.get(), absl::MakeSpan(buf), &got);
-    const std::string bytes =
-        n.ok() ? std::string(buf, std::min(*n, sizeof(buf))) : std::string();
-    if (fds != nullptr) *fds = std::move(got);
-    local_query::Reply reply;
-    if (!reply.Decode(bytes)) reply.code = 999;  // no reply: fails checks
-    EXPECT_TRUE(bytes.empty() || reply.id == request.id);
-    return reply;
-  }
-  // Writes `v` at `offset` of the region.
-  void Put(uint64_t offset, const std::vector<int64_t>& v) {
-    std::memcpy(base_ + offset, v.data(), v.size() * sizeof(int64_t));
-  }
-  const char* base() const { return base_; }
+  char* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+  int memfd() const { return memfd_.get(); }
 
  private:
+  void Unmap() {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
   UniqueFd fd_, memfd_;
   bool connected_ = false;
   char* base_ = nullptr;
@@ -1032,57 +1036,141 @@ class RawQueryConnection {
   uint64_t id_ = 0;
 };
 
-// What the client library never sends gets a clear error on the local query
-// socket, the daemon keeps serving, and it only ever writes into a sealed
-// region at the offsets asked for.
-TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
+TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
+  daemon_ = StartDaemon({"--disable-local-queries"});
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  // The local channel is there for shared memory, and it refuses queries.
+  {
+    RawLocalConnection raw(socket_ + local::kSocketSuffix);
+    ASSERT_TRUE(raw.connected());
+    v1::LocalReply reply = raw.QueryRegion(1 << 16);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+              absl::StatusCode::kUnimplemented)
+        << reply.message();
+    EXPECT_NE(reply.message().find("--disable-local-queries"),
+              std::string::npos)
+        << reply.message();
+    v1::LocalRequest layout;
+    layout.mutable_layout()->set_dataset(main_id_);
+    reply = raw.Call(layout);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+              absl::StatusCode::kUnimplemented)
+        << reply.message();
+  }
+  auto r = client->GetVectors(main_id_, {{4, 6, 2}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[3], Expected(4, 1, 2, 3));
+  EXPECT_NE(ReadAll(JoinPath(dir_, "daemon.log"))
+                .find("call /shardcast.v1.Query/VectorsSession"),
+            std::string::npos);
+}
+
+// What the client library never sends gets a clear error on the local
+// channel, the daemon keeps serving, and it only ever writes into the
+// sealed region it made, at the offsets asked for.
+TEST_F(DaemonTest, LocalChannelRefusesBadInputAndKeepsServing) {
   daemon_ = StartDaemon();
   ASSERT_NE(Connect(), nullptr);  // the daemon is up
-  const std::string path = socket_ + ".query";
-  const auto code = [](uint32_t c) { return static_cast<absl::StatusCode>(c); };
+  const std::string path = socket_ + local::kSocketSuffix;
+  const auto code = [](int32_t c) { return static_cast<absl::StatusCode>(c); };
   const auto has = [](const std::string& text, const char* part) {
     return text.find(part) != std::string::npos;
   };
   {
-    SCOPED_TRACE("a hello without the region's descriptor");
-    RawQueryConnection c(path);
+    SCOPED_TRACE("a packet that says it carries a descriptor and does not");
+    RawLocalConnection c(path);
     ASSERT_TRUE(c.connected());
-    c.MakeRegion(1 << 16, true);
-    auto reply = c.Hello(1 << 16, /*with_fd=*/false);
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(has(reply.message, "descriptor")) << reply.message;
-    EXPECT_EQ(c.Receive(), "");  // and the connection is closed
+    v1::LocalRequest request;
+    request.set_id(5);
+    request.set_descriptors(1);
+    request.mutable_query_region()->set_bytes(1 << 16);
+    ASSERT_TRUE(c.SendBytes(request.SerializeAsString()));
+    v1::LocalReply reply;
+    ASSERT_TRUE(c.Receive(&reply));
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), "descriptors")) << reply.message();
+    EXPECT_EQ(reply.id(), 0u);  // the request was not read
+    EXPECT_TRUE(c.Closed());    // and the connection is closed
   }
   {
-    SCOPED_TRACE("a region that may shrink");
-    RawQueryConnection c(path);
-    c.MakeRegion(1 << 16, /*sealed=*/false);
-    auto reply = c.Hello(1 << 16);
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(has(reply.message, "F_SEAL_SHRINK")) << reply.message;
+    SCOPED_TRACE("a packet that carries a descriptor it does not count");
+    RawLocalConnection c(path);
+    UniqueFd extra(::memfd_create("test-extra", MFD_CLOEXEC));
+    ASSERT_TRUE(extra.valid());
+    v1::LocalRequest request;
+    request.set_id(6);
+    request.mutable_query_region()->set_bytes(1 << 16);
+    const int fd = extra.get();
+    ASSERT_TRUE(c.SendBytes(request.SerializeAsString(), {&fd, 1}));
+    v1::LocalReply reply;
+    std::vector<UniqueFd> fds;
+    ASSERT_TRUE(c.Receive(&reply, &fds));
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), "descriptors")) << reply.message();
+    EXPECT_EQ(reply.id(), 0u);
+    EXPECT_TRUE(fds.empty());
+    EXPECT_TRUE(c.Closed());
   }
   {
-    SCOPED_TRACE("a hello claiming more than the memfd has");
-    RawQueryConnection c(path);
-    c.MakeRegion(1 << 16, true);
-    auto reply = c.Hello(1 << 20);
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(has(reply.message, "smaller")) << reply.message;
+    SCOPED_TRACE("query regions too small and too large");
+    RawLocalConnection c(path);
+    v1::LocalReply reply = c.QueryRegion(0);
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), "query region of 0 bytes"))
+        << reply.message();
+    // A region is rounded up to whole pages; the reply says the largest.
+    reply = c.QueryRegion(5000);
+    ASSERT_EQ(reply.code(), 0) << reply.message();
+    EXPECT_EQ(reply.query_region().bytes(), 8192u);
+    EXPECT_EQ(c.bytes(), 8192u);
+    const uint64_t max = reply.query_region().max_region_bytes();
+    EXPECT_GE(max, uint64_t{16} << 20);
+    reply = c.QueryRegion(max + 4096);
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), std::to_string(max).c_str()))
+        << reply.message();
+    // Refusals leave the connection (and its region) usable.
+    EXPECT_EQ(c.bytes(), 8192u);
+    auto got = c.Ask(main_id_, {{2, 6, 4}}, 0, 4096, 1);
+    ASSERT_EQ(got.code(), 0) << got.message();
+    EXPECT_EQ(reinterpret_cast<const float*>(c.base() + 4096)[6],
+              Expected(2, 1, 4, 6));
   }
   {
-    SCOPED_TRACE("not a hello");
-    RawQueryConnection c(path);
-    ASSERT_TRUE(c.Send("GET / HTTP/1.1\r\n\r\n"));
-    local_query::HelloReply reply;
-    ASSERT_TRUE(reply.Decode(c.Receive()));
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(has(reply.message, "not a shardcast query hello"))
-        << reply.message;
+    SCOPED_TRACE("requests before a query region");
+    RawLocalConnection c(path);
+    auto reply = c.Ask(main_id_, {}, 0, 4096, 1);
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(has(reply.message(), "query region")) << reply.message();
+    v1::LocalRequest layout;
+    layout.mutable_layout()->set_dataset(main_id_);
+    reply = c.Call(layout);
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(has(reply.message(), "query region")) << reply.message();
+    ASSERT_EQ(c.QueryRegion(1 << 16).code(), 0);  // and then it is served
   }
-  RawQueryConnection c(path);
+  RawLocalConnection c(path);
   constexpr uint64_t kRegion = 1 << 16;  // 64 KiB
-  c.MakeRegion(kRegion, true);
-  ASSERT_EQ(c.Hello(kRegion).code, 0u);
+  {
+    auto reply = c.QueryRegion(kRegion);
+    ASSERT_EQ(reply.code(), 0) << reply.message();
+    ASSERT_EQ(reply.query_region().bytes(), kRegion);
+  }
+  {
+    SCOPED_TRACE("the region the daemon made can neither shrink nor grow");
+    const int seals = ::fcntl(c.memfd(), F_GET_SEALS);
+    ASSERT_GE(seals, 0) << std::strerror(errno);
+    EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW),
+              F_SEAL_SHRINK | F_SEAL_GROW);
+    struct stat st;
+    ASSERT_EQ(::fstat(c.memfd(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), kRegion);
+    EXPECT_NE(::ftruncate(c.memfd(), 4096), 0);
+    EXPECT_NE(::ftruncate(c.memfd(), 2 * kRegion), 0);
+    EXPECT_EQ(::fstat(c.memfd(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), kRegion);
+  }
   const std::vector<VectorCoord> two = {{3, 6, 5}, {39, -2, 16}};
   struct Case {
     const char* what;
@@ -1092,51 +1180,82 @@ TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
   };
   for (const Case& k : std::vector<Case>{
            {"coordinates past the region's end", kRegion - 24, 4096, 2,
-            absl::StatusCode::kInvalidArgument, "do not lie in the region"},
+            absl::StatusCode::kInvalidArgument,
+            "do not lie in the query region"},
            {"more than a call may ask, refused before the coordinates are read",
             0, 4096, uint64_t{1} << 62, absl::StatusCode::kResourceExhausted,
             "the limit per call is"},
            {"an unaligned output", 0, 4097, 2,
             absl::StatusCode::kInvalidArgument, "not a multiple of 4096"},
            {"vectors that do not fit", 0, kRegion - 4096, 33,
-            absl::StatusCode::kResourceExhausted, "need a region of"}}) {
+            absl::StatusCode::kResourceExhausted, "need a query region of"}}) {
     SCOPED_TRACE(k.what);
     std::vector<VectorCoord> coords(33, VectorCoord{1, 6, 1});
     auto reply =
         c.Ask(main_id_, coords, k.coords_offset, k.out_offset, k.count);
-    EXPECT_EQ(code(reply.code), k.want) << reply.message;
-    EXPECT_TRUE(has(reply.message, k.says)) << reply.message;
+    EXPECT_EQ(code(reply.code()), k.want) << reply.message();
+    EXPECT_TRUE(has(reply.message(), k.says)) << reply.message();
+    EXPECT_FALSE(reply.has_vectors());
     if (k.count == 33) {
       // 33 vectors of 32 floats after the output offset.
-      EXPECT_EQ(reply.need_region_bytes, kRegion - 4096 + 33 * 128);
+      EXPECT_EQ(reply.need_region_bytes(), kRegion - 4096 + 33 * 128);
+    } else {
+      EXPECT_EQ(reply.need_region_bytes(), 0u);  // no region would do
     }
   }
   {
-    SCOPED_TRACE("an unknown operation");
-    local_query::Request request;
-    request.op = static_cast<local_query::Op>(77);
-    request.id = 1000;
-    request.dataset = main_id_;
-    ASSERT_TRUE(c.Send(request.Encode()));
-    local_query::Reply reply;
-    ASSERT_TRUE(reply.Decode(c.Receive()));
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kUnimplemented);
+    SCOPED_TRACE("unknown operations (a newer client's)");
+    // One in a field this daemon does not know (77: length-delimited,
+    // holding field 1 = 1), and one with no operation at all.
+    v1::LocalRequest request;
+    request.set_id(1000);
+    const std::string newer =
+        request.SerializeAsString() + std::string("\xea\x04\x02\x08\x01", 5);
+    request.set_id(1001);
+    const std::pair<std::string, uint64_t> sent[] = {
+        {newer, 1000}, {request.SerializeAsString(), 1001}};
+    for (const auto& [bytes, id] : sent) {
+      ASSERT_TRUE(c.SendBytes(bytes));
+      v1::LocalReply reply;
+      ASSERT_TRUE(c.Receive(&reply));
+      EXPECT_EQ(code(reply.code()), absl::StatusCode::kUnimplemented)
+          << reply.message();
+      EXPECT_EQ(reply.id(), id);  // and the connection stays usable
+    }
   }
   {
     SCOPED_TRACE("a bad coordinate and an unknown dataset");
     auto reply = c.Ask(main_id_, {{3, 6, 5}, {3, 6, 17}}, 0, 4096, 2);
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kOutOfRange);
-    EXPECT_TRUE(has(reply.message, "coordinates[1]")) << reply.message;
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kOutOfRange);
+    EXPECT_TRUE(has(reply.message(), "coordinates[1]")) << reply.message();
     reply = c.Ask("0123456789abcdef", two, 0, 4096, 2);
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kNotFound);
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kNotFound);
+  }
+  {
+    SCOPED_TRACE("a request carrying a descriptor it counts");
+    UniqueFd extra(::memfd_create("test-extra", MFD_CLOEXEC));
+    ASSERT_TRUE(extra.valid());
+    v1::LocalRequest request;
+    request.set_id(2000);
+    request.mutable_layout()->set_dataset(main_id_);
+    const int fd = extra.get();
+    ASSERT_TRUE(c.Send(request, {&fd, 1}));
+    v1::LocalReply reply;
+    std::vector<UniqueFd> fds;
+    ASSERT_TRUE(c.Receive(&reply, &fds));
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), "takes no descriptors"))
+        << reply.message();
+    EXPECT_EQ(reply.id(), 2000u);
+    EXPECT_TRUE(fds.empty());
   }
   {
     SCOPED_TRACE("after all that, the same connection is served");
     std::vector<char> before(c.base(), c.base() + kRegion);
     auto reply = c.Ask(main_id_, two, 128, 8192, 2);
-    ASSERT_EQ(reply.code, 0u) << reply.message;
-    EXPECT_EQ(reply.rows, 2u);
-    EXPECT_EQ(reply.d_model, 32u);
+    ASSERT_EQ(reply.code(), 0) << reply.message();
+    EXPECT_EQ(reply.vectors().rows(), 2u);
+    EXPECT_EQ(reply.vectors().d_model(), 32u);
     for (int64_t k = 0; k < 32; ++k) {
       float v[2];
       std::memcpy(&v[0], c.base() + 8192 + k * 4, 4);
@@ -1154,32 +1273,32 @@ TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
     }
   }
   {
-    SCOPED_TRACE("a request carrying a descriptor ends the connection");
-    local_query::Request request;
-    request.dataset = main_id_;
-    ASSERT_TRUE(c.Send(request.Encode(), /*with_fd=*/true));
-    local_query::Reply reply;
-    ASSERT_TRUE(reply.Decode(c.Receive()));
-    EXPECT_EQ(code(reply.code), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(c.Receive(), "");
+    SCOPED_TRACE("not a local channel message ends the connection");
+    ASSERT_TRUE(c.SendBytes("GET / HTTP/1.1\r\n\r\n"));
+    v1::LocalReply reply;
+    ASSERT_TRUE(c.Receive(&reply));
+    EXPECT_EQ(code(reply.code()), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(has(reply.message(), "not a local channel message"))
+        << reply.message();
+    EXPECT_EQ(reply.id(), 0u);
+    EXPECT_TRUE(c.Closed());
   }
   {
     SCOPED_TRACE("clients that leave in the middle of a call");
     for (int i = 0; i < 20; ++i) {
-      RawQueryConnection gone(path);
-      gone.MakeRegion(1 << 20, true);
-      ASSERT_EQ(gone.Hello(1 << 20).code, 0u);
-      std::vector<VectorCoord> many(2000, VectorCoord{7, 6, 1});
-      for (size_t j = 0; j < many.size(); ++j) {
+      RawLocalConnection gone(path);
+      ASSERT_EQ(gone.QueryRegion(1 << 20).code(), 0);
+      for (size_t j = 0; j < 2000; ++j) {
         const int64_t v[3] = {static_cast<int64_t>(j % 40), 6,
                               static_cast<int64_t>(j % 17)};
-        std::memcpy(const_cast<char*>(gone.base()) + j * 24, v, sizeof(v));
+        std::memcpy(gone.base() + j * 24, v, sizeof(v));
       }
-      local_query::Request request;
-      request.count = 2000;
-      request.out_offset = 49152;
-      request.dataset = main_id_;
-      ASSERT_TRUE(gone.Send(request.Encode()));
+      v1::LocalRequest request;
+      request.set_id(1);
+      request.mutable_vectors()->set_dataset(main_id_);
+      request.mutable_vectors()->set_count(2000);
+      request.mutable_vectors()->set_out_offset(49152);
+      ASSERT_TRUE(gone.Send(request));
     }  // closed with the call in service
   }
   auto client = Connect();
@@ -1189,7 +1308,7 @@ TEST_F(DaemonTest, LocalQuerySocketRefusesBadInputAndKeepsServing) {
   EXPECT_EQ(r->values[30], Expected(6, 0, 4, 30));
 }
 
-// With several local query threads, the first accepts and hands the
+// With several local channel threads, the first accepts and hands the
 // connections to all of them in turn: sixteen client threads each get
 // their own rows with no gRPC query; the connection limit counts the
 // connections of every thread, and one closed on any thread frees a place.
@@ -1203,7 +1322,8 @@ TEST_F(DaemonTest, SeveralLocalQueryThreadsShareTheConnections) {
     EXPECT_EQ(out.wrong_rows, 0);
     EXPECT_EQ(out.wrong_results, 0);
     const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
-    EXPECT_NE(log.find("local queries on " + socket_ + ".query (3 threads)"),
+    EXPECT_NE(log.find("local channel on " + socket_ + local::kSocketSuffix +
+                       " (3 threads; shared memory, queries)"),
               std::string::npos)
         << log;
     EXPECT_EQ(log.find("call /shardcast.v1.Query/"), std::string::npos);
@@ -1212,43 +1332,42 @@ TEST_F(DaemonTest, SeveralLocalQueryThreadsShareTheConnections) {
   daemon_ =
       StartDaemon({"--local-query-threads", "3", "--max-connections", "4"});
   ASSERT_NE(Connect(), nullptr);  // the daemon is up
-  const std::string path = socket_ + ".query";
+  const std::string path = socket_ + local::kSocketSuffix;
   // Four connections: the first thread's, the second's, the third's, the
   // first's again; each answers a call with the generator's values.
-  std::vector<std::unique_ptr<RawQueryConnection>> open;
+  std::vector<std::unique_ptr<RawLocalConnection>> open;
   for (int64_t i = 0; i < 4; ++i) {
     SCOPED_TRACE(i);
-    open.push_back(std::make_unique<RawQueryConnection>(path));
-    RawQueryConnection& c = *open.back();
-    c.MakeRegion(1 << 16, true);
-    ASSERT_EQ(c.Hello(1 << 16).code, 0u);
+    open.push_back(std::make_unique<RawLocalConnection>(path));
+    RawLocalConnection& c = *open.back();
+    ASSERT_EQ(c.QueryRegion(1 << 16).code(), 0);
     auto reply = c.Ask(main_id_, {{i, 6, i}}, 0, 4096, 1);
-    ASSERT_EQ(reply.code, 0u) << reply.message;
+    ASSERT_EQ(reply.code(), 0) << reply.message();
     float v;
     std::memcpy(&v, c.base() + 4096 + 7 * 4, 4);
     EXPECT_EQ(v, Expected(i, 1, i, 7));
   }
   {
-    RawQueryConnection fifth(path);
-    fifth.MakeRegion(1 << 16, true);
-    auto reply = fifth.Hello(1 << 16);
-    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code),
+    // Refused at its first request, with the reason, and closed.
+    RawLocalConnection fifth(path);
+    auto reply = fifth.QueryRegion(1 << 16);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
               absl::StatusCode::kUnavailable);
-    EXPECT_NE(reply.message.find("4 local query connections open"),
+    EXPECT_NE(reply.message().find("4 local channel connections open"),
               std::string::npos)
-        << reply.message;
+        << reply.message();
+    EXPECT_TRUE(fifth.Closed());
   }
   // The second connection (served by the second thread) goes; the count the
   // first thread checks falls once the second has seen it close.
   open.erase(open.begin() + 1);
   bool admitted = false;
   for (int attempt = 0; attempt < 100 && !admitted; ++attempt) {
-    RawQueryConnection next(path);
-    next.MakeRegion(1 << 16, true);
-    admitted = next.Hello(1 << 16).code == 0;
+    RawLocalConnection next(path);
+    admitted = next.QueryRegion(1 << 16).code() == 0;
     if (admitted) {
       auto reply = next.Ask(main_id_, {{9, -2, 3}}, 0, 4096, 1);
-      ASSERT_EQ(reply.code, 0u) << reply.message;
+      ASSERT_EQ(reply.code(), 0) << reply.message();
       float v;
       std::memcpy(&v, next.base() + 4096, 4);
       EXPECT_EQ(v, Expected(9, 0, 3, 0));
@@ -1407,17 +1526,24 @@ TEST_F(DaemonTest, DisableDirectReadsKeepsEveryReadInTheDaemon) {
     ASSERT_EQ(block->values[31], Expected(i, 0, 16, 31));
   }
   EXPECT_EQ(CallsCounted(client.get()) - before, 21u);
-  RawQueryConnection raw(socket_ + ".query");
-  raw.MakeRegion(1 << 16, true);
-  ASSERT_EQ(raw.Hello(1 << 16).code, 0u);
-  local_query::Request layout;
-  layout.op = local_query::Op::kLayout;
-  layout.dataset = main_id_;
-  local_query::Reply reply = raw.Call(layout);
-  EXPECT_EQ(reply.code,
-            static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_NE(reply.message.find("--disable-direct-reads"), std::string::npos)
-      << reply.message;
+  RawLocalConnection raw(socket_ + local::kSocketSuffix);
+  ASSERT_EQ(raw.QueryRegion(1 << 16).code(), 0);
+  v1::LocalRequest layout;
+  layout.mutable_layout()->set_dataset(main_id_);
+  v1::LocalReply reply = raw.Call(layout);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(reply.message().find("--disable-direct-reads"), std::string::npos)
+      << reply.message();
+  // No descriptors either, for whatever serial.
+  v1::LocalRequest open;
+  open.mutable_open_files()->set_dataset(main_id_);
+  open.mutable_open_files()->add_files(0);
+  std::vector<UniqueFd> fds;
+  reply = raw.Call(open, &fds);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fds.empty());
 }
 
 // The two direct-read requests on a raw connection: the layout places a
@@ -1425,18 +1551,17 @@ TEST_F(DaemonTest, DisableDirectReadsKeepsEveryReadInTheDaemon) {
 // generator's values and cannot write, and bad requests get their codes.
 TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
   daemon_ = StartDaemon();
-  RawQueryConnection raw(socket_ + ".query");
-  raw.MakeRegion(1 << 16, true);
-  ASSERT_EQ(raw.Hello(1 << 16).code, 0u);
-  namespace lq = local_query;
-  lq::Request layout;
-  layout.op = lq::Op::kLayout;
-  layout.dataset = main_id_;
-  layout.out_offset = 4096;
-  lq::Reply reply = raw.Call(layout);
-  ASSERT_EQ(reply.code, 0u) << reply.message;
-  absl::StatusOr<VectorLayout> l = VectorLayout::Decode(
-      absl::string_view(raw.base() + 4096, static_cast<size_t>(reply.rows)));
+  RawLocalConnection raw(socket_ + local::kSocketSuffix);
+  ASSERT_EQ(raw.QueryRegion(1 << 16).code(), 0);
+  v1::LocalRequest layout;
+  layout.mutable_layout()->set_dataset(main_id_);
+  layout.mutable_layout()->set_out_offset(4096);
+  v1::LocalReply reply = raw.Call(layout);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  ASSERT_TRUE(reply.has_layout());
+  ASSERT_LE(reply.layout().bytes(), (1u << 16) - 4096);
+  absl::StatusOr<VectorLayout> l = VectorLayout::Decode(absl::string_view(
+      raw.base() + 4096, static_cast<size_t>(reply.layout().bytes())));
   ASSERT_TRUE(l.ok()) << l.status();
   // Example 25 is row 5 of shard 1 (20 per shard); layer 6 is index 1 of
   // 2; T = 17, D = 32: (5 * 2 * 17 + 1 * 17 + 3) * 128 bytes.
@@ -1445,15 +1570,16 @@ TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
   EXPECT_EQ(place.file, 1);
   EXPECT_EQ(place.offset, uint64_t{(5 * 2 * 17 + 1 * 17 + 3) * 128});
 
-  lq::Request open;
-  open.op = lq::Op::kOpenFiles;
-  open.dataset = main_id_;
-  open.serial = reply.serial;
-  open.count = 1;
-  raw.Put(0, {1});
+  const uint64_t s = reply.layout().serial();
+  v1::LocalRequest open;
+  open.mutable_open_files()->set_dataset(main_id_);
+  open.mutable_open_files()->set_serial(s);
+  open.mutable_open_files()->add_files(1);
   std::vector<UniqueFd> fds;
-  lq::Reply opened = raw.Call(open, &fds);
-  ASSERT_EQ(opened.code, 0u) << opened.message;
+  v1::LocalReply opened = raw.Call(open, &fds);
+  ASSERT_EQ(opened.code(), 0) << opened.message();
+  EXPECT_TRUE(opened.has_open_files());
+  EXPECT_EQ(opened.descriptors(), 1u);
   ASSERT_EQ(fds.size(), 1u);
   float v[32];
   ASSERT_EQ(
@@ -1463,73 +1589,95 @@ TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
   errno = 0;
   EXPECT_LT(::pwrite(fds[0].get(), v, sizeof(v), 0), 0);
   EXPECT_EQ(errno, EBADF);
+  // Several files at once come in the order asked for: shard 0's holds
+  // example 0 where shard 1's holds example 20.
+  open.mutable_open_files()->clear_files();
+  open.mutable_open_files()->add_files(1);
+  open.mutable_open_files()->add_files(0);
+  opened = raw.Call(open, &fds);
+  ASSERT_EQ(opened.code(), 0) << opened.message();
+  ASSERT_EQ(fds.size(), 2u);
+  ASSERT_TRUE(l->Find(20, -2, 0, &place));
+  ASSERT_EQ(place.file, 1);
+  ASSERT_EQ(
+      ::pread(fds[0].get(), v, sizeof(v), static_cast<off_t>(place.offset)),
+      static_cast<ssize_t>(sizeof(v)));
+  EXPECT_EQ(v[0], Expected(20, 0, 0, 0));
+  ASSERT_TRUE(l->Find(0, -2, 0, &place));
+  ASSERT_EQ(place.file, 0);
+  ASSERT_EQ(
+      ::pread(fds[1].get(), v, sizeof(v), static_cast<off_t>(place.offset)),
+      static_cast<ssize_t>(sizeof(v)));
+  EXPECT_EQ(v[0], Expected(0, 0, 0, 0));
 
   struct Bad {
     std::vector<int64_t> files;
-    uint64_t count, serial;
+    uint64_t serial;
     std::string dataset;
     absl::StatusCode code;
   };
-  const uint64_t s = reply.serial;
   for (const Bad& b : {
-           Bad{{0}, 1, s + 1000, main_id_, absl::StatusCode::kAborted},
-           Bad{{2}, 1, s, main_id_, absl::StatusCode::kOutOfRange},
-           Bad{{-1}, 1, s, main_id_, absl::StatusCode::kOutOfRange},
-           Bad{{0}, 0, s, main_id_, absl::StatusCode::kInvalidArgument},
-           Bad{{0}, 17, s, main_id_, absl::StatusCode::kInvalidArgument},
-           Bad{{0}, 1, s, "no-such-dataset", absl::StatusCode::kNotFound},
+           Bad{{0}, s + 1000, main_id_, absl::StatusCode::kAborted},
+           Bad{{2}, s, main_id_, absl::StatusCode::kOutOfRange},
+           Bad{{-1}, s, main_id_, absl::StatusCode::kOutOfRange},
+           Bad{{}, s, main_id_, absl::StatusCode::kInvalidArgument},
+           Bad{std::vector<int64_t>(17, 0), s, main_id_,
+               absl::StatusCode::kInvalidArgument},
+           Bad{{0}, s, "no-such-dataset", absl::StatusCode::kNotFound},
        }) {
-    raw.Put(0, b.files);
-    lq::Request r = open;
-    r.count = b.count;
-    r.serial = b.serial;
-    r.dataset = b.dataset;
+    v1::LocalRequest r;
+    r.mutable_open_files()->set_dataset(b.dataset);
+    r.mutable_open_files()->set_serial(b.serial);
+    for (int64_t f : b.files) r.mutable_open_files()->add_files(f);
     std::vector<UniqueFd> none;
-    lq::Reply got = raw.Call(r, &none);
-    EXPECT_EQ(got.code, static_cast<uint32_t>(b.code))
-        << b.count << " files, serial " << b.serial << ": " << got.message;
+    v1::LocalReply got = raw.Call(r, &none);
+    EXPECT_EQ(static_cast<absl::StatusCode>(got.code()), b.code)
+        << b.files.size() << " files, serial " << b.serial << ": "
+        << got.message();
     EXPECT_TRUE(none.empty());
   }
   // A layout that does not fit where it is asked for.
-  layout.out_offset = (1 << 16) - 64;
+  layout.mutable_layout()->set_out_offset((1 << 16) - 64);
   reply = raw.Call(layout);
-  EXPECT_EQ(reply.code,
-            static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
-  EXPECT_GT(reply.need_region_bytes, uint64_t{1} << 16);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_GT(reply.need_region_bytes(), uint64_t{1} << 16);
   // A rescan opens the dataset's files again: the old serial is refused.
+  open.mutable_open_files()->clear_files();
+  open.mutable_open_files()->add_files(0);
   ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
   bool aborted = false;
   for (int i = 0; i < 200 && !aborted; ++i) {
-    raw.Put(0, {0});
-    aborted = raw.Call(open).code ==
-              static_cast<uint32_t>(absl::StatusCode::kAborted);
+    aborted = static_cast<absl::StatusCode>(raw.Call(open).code()) ==
+              absl::StatusCode::kAborted;
     if (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(aborted) << daemon_->log();
   // And the connection still serves vectors.
   reply = raw.Ask(main_id_, {{7, -2, 0}}, 0, 4096, 1);
-  ASSERT_EQ(reply.code, 0u) << reply.message;
+  ASSERT_EQ(reply.code(), 0) << reply.message();
   EXPECT_EQ(reinterpret_cast<const float*>(raw.base() + 4096)[9],
             Expected(7, 0, 0, 9));
   // A restarted daemon opens the same datasets in the same order; their
   // serials still differ, so a client's old descriptors are not taken for
   // the new daemon's files.
-  layout.out_offset = 4096;
-  const uint64_t before_restart = raw.Call(layout).serial;
+  layout.mutable_layout()->set_out_offset(4096);
+  reply = raw.Call(layout);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  const uint64_t before_restart = reply.layout().serial();
   // Stopped cleanly, so that its sockets are gone before the next starts.
   ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
   ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(10)), -1);
   daemon_ = StartDaemon();
-  for (int i = 0; i < 200 && !IsSocket(socket_ + ".query"); ++i) {
+  for (int i = 0; i < 200 && !IsSocket(socket_ + local::kSocketSuffix); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  RawQueryConnection again(socket_ + ".query");
+  RawLocalConnection again(socket_ + local::kSocketSuffix);
   ASSERT_TRUE(again.connected());
-  again.MakeRegion(1 << 16, true);
-  ASSERT_EQ(again.Hello(1 << 16).code, 0u);
+  ASSERT_EQ(again.QueryRegion(1 << 16).code(), 0);
   reply = again.Call(layout);
-  ASSERT_EQ(reply.code, 0u) << reply.message;
-  EXPECT_NE(reply.serial, before_restart);
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_NE(reply.layout().serial(), before_restart);
 }
 
 TEST_F(DaemonTest, SighupRescansTheRoots) {
@@ -1586,10 +1734,10 @@ TEST_F(DaemonTest, SocketIsGroupOnly) {
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 }
 
-// A client that finds the Unix socket finds the shared-memory and local
-// query sockets beside it: bound after, a client connecting in between
-// would stream and query over gRPC for as long as it runs. The directory's
-// inotify events give the order in which the daemon created them.
+// A client that finds the Unix socket finds the local channel's socket
+// beside it: bound after, a client connecting in between would stream and
+// query over gRPC for as long as it runs. The directory's inotify events
+// give the order in which the daemon created them.
 TEST_F(DaemonTest, SideSocketsAreBoundBeforeTheUnixSocket) {
   const std::string run = DirName(socket_);
   ASSERT_EQ(::mkdir(run.c_str(), 0700), 0);
@@ -1616,12 +1764,15 @@ TEST_F(DaemonTest, SideSocketsAreBoundBeforeTheUnixSocket) {
   const auto main_at = at(base);
   ASSERT_LT(main_at, static_cast<ptrdiff_t>(created.size()))
       << "no creation of " << base << " seen";
-  for (const char* suffix : {shm::kSocketSuffix, local_query::kSocketSuffix}) {
-    const std::string side = base + suffix;
-    EXPECT_LT(at(side), main_at)
-        << side << " created after the Unix socket; in order: "
-        << absl::StrJoin(created, ", ");
-  }
+  const std::string side = base + local::kSocketSuffix;
+  EXPECT_EQ(side, base + ".local");
+  const auto side_at = at(side);
+  EXPECT_LT(side_at, static_cast<ptrdiff_t>(created.size()))
+      << "no creation of " << side
+      << " seen; in order: " << absl::StrJoin(created, ", ");
+  EXPECT_LT(side_at, main_at)
+      << side << " created after the Unix socket; in order: "
+      << absl::StrJoin(created, ", ");
 }
 
 TEST_F(DaemonTest, TcpWithoutTlsNeedsExplicitInsecure) {
@@ -2120,13 +2271,13 @@ TEST_F(DaemonTest, SharedMemoryAndMessagesDeliverTheSameBatches) {
   EXPECT_EQ(rows, 2u * 40 * 17) << "two epochs of 40 examples x 17 tokens";
 }
 
-TEST_F(DaemonTest, SharedMemorySocketIsGroupOnlyAndRegionsShowInStatus) {
+TEST_F(DaemonTest, LocalChannelIsGroupOnlyAndRegionsShowInStatus) {
   daemon_ = StartDaemon();
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   struct stat st;
-  const std::string shm_socket = socket_ + ".shm";
-  ASSERT_EQ(::stat(shm_socket.c_str(), &st), 0);
+  const std::string local_socket = socket_ + ".local";
+  ASSERT_EQ(::stat(local_socket.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   StreamRequest req;
@@ -2162,7 +2313,7 @@ TEST_F(DaemonTest, SharedMemorySocketIsGroupOnlyAndRegionsShowInStatus) {
   EXPECT_EQ(status->reservoir_bytes_reserved, 0u);
   ::kill(daemon_->pid(), SIGTERM);
   ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(20)), -1);
-  EXPECT_NE(::stat(shm_socket.c_str(), &st), 0) << "socket left behind";
+  EXPECT_NE(::stat(local_socket.c_str(), &st), 0) << "socket left behind";
 }
 
 TEST_F(DaemonTest, ARegionTheReservoirCannotSpareIsRefusedNamingTheFlag) {
@@ -2195,8 +2346,25 @@ TEST_F(DaemonTest, WithSharedMemoryDisabledStreamsUseMessages) {
   daemon_ = StartDaemon({"--disable-shared-memory"});
   auto client = Connect();
   ASSERT_NE(client, nullptr);
-  struct stat st;
-  EXPECT_NE(::stat((socket_ + ".shm").c_str(), &st), 0);
+  {
+    // The local channel is there for queries, and it makes no batch
+    // regions.
+    RawLocalConnection raw(socket_ + local::kSocketSuffix);
+    ASSERT_TRUE(raw.connected());
+    v1::LocalRequest request;
+    request.mutable_batch_region()->set_slots(4);
+    request.mutable_batch_region()->set_slot_bytes(4096);
+    std::vector<UniqueFd> fds;
+    v1::LocalReply reply = raw.Call(request, &fds);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+              absl::StatusCode::kUnimplemented)
+        << reply.message();
+    EXPECT_NE(reply.message().find("--disable-shared-memory"),
+              std::string::npos)
+        << reply.message();
+    EXPECT_TRUE(fds.empty());
+    EXPECT_EQ(raw.QueryRegion(1 << 16).code(), 0);
+  }
   StreamRequest req;
   req.dataset = main_id_;
   req.batch_size = 100;
@@ -2205,6 +2373,16 @@ TEST_F(DaemonTest, WithSharedMemoryDisabledStreamsUseMessages) {
   EXPECT_TRUE(stream->Next(&b));
   EXPECT_FALSE(stream->shared_memory());
   stream->Cancel();
+  stream.reset();
+  client.reset();
+  // With local queries off too, there is no local channel at all. (Stopped
+  // cleanly, so that its sockets are gone before the next starts.)
+  ASSERT_EQ(::kill(daemon_->pid(), SIGTERM), 0);
+  ASSERT_NE(daemon_->WaitExit(std::chrono::seconds(10)), -1);
+  daemon_ = StartDaemon({"--disable-shared-memory", "--disable-local-queries"});
+  ASSERT_NE(Connect(), nullptr);
+  struct stat st;
+  EXPECT_NE(::stat((socket_ + ".local").c_str(), &st), 0);
 }
 
 }  // namespace

@@ -411,7 +411,7 @@ def assert_exact_epoch(rows, want, what="epoch"):
 # Process inspection.
 
 # The name of the daemon's batch regions' memfds (server/transport/
-# shm_service.cc); the local query socket's regions are "shardcast-queries".
+# local/batch_regions.cc); its query regions are "shardcast-queries".
 BATCH_REGION = "shardcast-region"
 
 

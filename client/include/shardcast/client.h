@@ -386,7 +386,7 @@ class Client {
   /// The vectors at `coords`, [N, D] in the order of `coords`. DATA_LOSS
   /// when the reply's shape does not match its payload; the daemon's
   /// INVALID_ARGUMENT / OUT_OF_RANGE / RESOURCE_EXHAUSTED for bad or
-  /// oversized requests. On the local query socket
+  /// oversized requests. On the local channel
   /// (ClientOptions::local_queries) the block views the vectors where the
   /// daemon wrote them, in memory shared with it, and holds that memory
   /// until its last copy goes (beyond 16 such blocks held at once, later

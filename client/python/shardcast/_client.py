@@ -17,7 +17,7 @@ import types
 import grpc
 import numpy as np
 
-from shardcast import _local, _shm
+from shardcast import _local
 from shardcast.v1 import shardcast_pb2 as pb
 from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
@@ -149,7 +149,7 @@ class Stream:
         self._done = False
         self.resume_token = request.resume_token
         self.shared_memory = False
-        path = _shm.socket_path(client.address) if shared_memory else None
+        path = _local.socket_path(client.address) if shared_memory else None
         slot_bytes = 0
         if path is not None and os.path.exists(path) and request.batch_size > 0:
             slot_bytes = (request.batch_size * client.describe(request.dataset).d_model *
@@ -158,9 +158,13 @@ class Stream:
         # (INVALID_ARGUMENT, with the limit) comes through the message path.
         if 0 < slot_bytes < 1 << 63:
             try:
-                self._region = _shm.Region(path, slots, slot_bytes)
-            except _shm.RegionRefused as e:
-                raise Error(_code_name(e.code), e.message) from None
+                self._region = _local.BatchRegion(path, slots, slot_bytes)
+            except _local.Refused as e:
+                # UNIMPLEMENTED: the daemon's shared memory is off (its
+                # channel serves queries only): batches come in messages.
+                if e.code != _local.UNIMPLEMENTED:
+                    raise Error(_code_name(e.code), e.message) from None
+        if self._region is not None:
             self.shared_memory = True
             self._requests = queue.SimpleQueue()
             self._requests.put(pb.SharedStreamMessage(request=request,
@@ -291,7 +295,7 @@ class Client:
     On a Unix socket, streams get their batches in shared memory unless
     `shared_memory=False`; `slots` is how many batches the daemon may have
     ready for one stream (2 to 16); get_vectors goes through the daemon's
-    local query socket (no gRPC: docs/local-clients.md, "Local queries") unless
+    local channel (no gRPC: docs/local-clients.md, "Local queries") unless
     `local_queries=False` or the daemon has none; there a single vector is
     read by this process itself, with a descriptor of the dataset's file the
     daemon hands over, unless `direct_reads=False` or the daemon offers none.
@@ -353,7 +357,7 @@ class Client:
 
     @property
     def local_queries(self):
-        """Whether get_vectors uses the local query socket."""
+        """Whether get_vectors uses the local channel."""
         return self._local is not None
 
     def close(self):

@@ -1,20 +1,23 @@
-"""The client's half of the local query socket (docs/local-clients.md, "Local queries").
+"""The client's end of the daemon's local channel (docs/local-clients.md).
 
-A client on the daemon's node asks get_vectors on ``<unix socket path>.query``
-(SOCK_SEQPACKET) instead of gRPC: each connection hands the daemon a memfd
-region of its own (sealed against shrinking) with its first message; a call
-writes the coordinates into the region, sends one small request, and reads
-the vectors the daemon put there. The messages are fixed little-endian
-layouts (common/local/query_protocol.h), the same as the C++ library speaks.
+One Unix socket beside the gRPC one, ``<unix socket path>.local``
+(SOCK_SEQPACKET): every packet is one protobuf message of
+proto/shardcast/v1/local.proto (``shardcast.v1.local_pb2``, generated), its
+descriptors as SCM_RIGHTS counted by the message's ``descriptors``; the
+C++ library speaks the same (common/local/channel.h). The daemon makes every
+shared memory region and hands its memfd over:
+
+- a batch region (BatchRegion): slots a SharedStream writes batches into;
+- a query region (LocalQueries): get_vectors writes the coordinates into it
+  and sends one small request, and the daemon reads the vectors into it.
 
 Single vectors are read here (direct reads, as the C++ library does): the
-daemon hands over a dataset's layout (common/local/vector_layout.h) and read-only
-descriptors of its files, and this process reads each vector with pread:
-one wake-up per read instead of the daemon's and then this thread's.
+daemon hands over a dataset's layout (common/local/vector_layout.h) and
+read-only descriptors of its files, and this process reads each vector with
+pread: one wake-up per read instead of the daemon's and then this thread's.
 """
 
 import bisect
-import fcntl
 import mmap
 import os
 import resource
@@ -25,22 +28,16 @@ import time
 
 import numpy as np
 
-from shardcast._shm import unix_socket_path
+from shardcast.v1 import local_pb2
 
-MAGIC = b"SCQ1"
-SOCKET_SUFFIX = ".query"
+SOCKET_SUFFIX = ".local"
 OUT_ALIGN = 4096
 COORD_BYTES = 24
-_HELLO = struct.Struct("<4sIQ")  # magic, version, region_bytes
-_HELLO_REPLY = struct.Struct("<4sIQ")  # magic, code, max_region_bytes
-_REQUEST = struct.Struct("<4sIQQQQQ")  # magic, op, id, count, coords, out, serial
-_REPLY = struct.Struct("<4sIQQQQQ")  # magic, code, id, rows, d_model, need, serial
-_OP_VECTORS = 1
-_OP_LAYOUT = 2
-_OP_OPEN_FILES = 3
 _MAX_FILES_PER_OPEN = 16
-_ABORTED = 10
-_UNIMPLEMENTED = 12
+_MAX_DESCRIPTORS = 64
+ABORTED = 10
+UNIMPLEMENTED = 12
+DATA_LOSS = 15
 # magic, n_examples, tokens, d_model, layer_file_stride, example_stride,
 # layer_stride, token_stride, then the sizes of the three tables
 _LAYOUT = struct.Struct("<4sqqqqQQQQQQ")
@@ -56,16 +53,26 @@ def _max_open_files():
 
 
 _MAX_OPEN_FILES = _max_open_files()
-_MAX_REPLY = 16 * 1024
-# The longest dataset name a request carries (kMaxDatasetBytes).
-_MAX_DATASET = 1024
+# The longest packet either side sends (kMaxMessageBytes).
+_MAX_MESSAGE = 16 * 1024
 # The first region: 256 vectors of d_model 1024 and their coordinates (its
 # pages are only touched as calls use them).
 FIRST_REGION_BYTES = (1 << 20) + 2 * OUT_ALIGN
 
 
+def unix_socket_path(address):
+    """The path of gRPC `address` when it is a Unix socket ("unix:/path" or
+    "unix:///path"), or None."""
+    if not address.startswith("unix:"):
+        return None
+    path = address[len("unix:"):]
+    if path.startswith("//"):
+        path = path[2:]
+    return path or None
+
+
 def socket_path(address):
-    """The local query socket of a daemon at gRPC `address`, or None."""
+    """The local channel of a daemon at gRPC `address`, or None."""
     path = unix_socket_path(address)
     return path + SOCKET_SUFFIX if path else None
 
@@ -84,41 +91,145 @@ class Refused(Exception):
         self.need = need
 
 
-class _Conn:
-    """One connection and its region, mapped read-write here."""
+class _File:
+    """A descriptor the daemon handed over; closed when the last user of it
+    lets it go."""
 
-    def __init__(self, path, region_bytes, timeout):
-        region_bytes = _round_up(region_bytes, OUT_ALIGN)
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __del__(self):
+        os.close(self.fd)
+
+
+class Connection:
+    """One connection to the channel: one request at a time."""
+
+    def __init__(self, path, timeout=None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        fd = -1
         try:
             self.sock.settimeout(timeout)
             self.sock.connect(path)
-            fd = os.memfd_create("shardcast-queries",
-                                 os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            os.ftruncate(fd, region_bytes)
-            # The daemon maps only regions that cannot shrink under its writes.
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK |
-                        fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.buffer = mmap.mmap(fd, region_bytes, flags=mmap.MAP_SHARED,
-                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            socket.send_fds(self.sock, [_HELLO.pack(MAGIC, 1, region_bytes)], [fd])
-            data = self.sock.recv(_MAX_REPLY)
-            if len(data) < _HELLO_REPLY.size or data[:4] != MAGIC:
-                raise Refused(15, f"{path} answered something that is not a "
-                                  "local query hello reply")
-            _, code, self.max_region_bytes = _HELLO_REPLY.unpack_from(data)
-            if code != 0:
-                raise Refused(code, data[_HELLO_REPLY.size:].decode("utf-8", "replace"))
-            self.sock.settimeout(None)  # calls take as long as their reads
         except BaseException:
             self.sock.close()
             raise
-        finally:
-            if fd >= 0:
-                os.close(fd)  # the mapping keeps the memory
-        self.bytes = region_bytes
-        self.next_id = 1
+        self.path = path
+        self._next_id = 1  # never 0: an empty packet reads as a close
+
+    def close(self):
+        self.sock.close()
+
+    def ask(self, request, timeout=None):
+        """Sends `request` (a LocalRequest; its id is set here) and returns
+        (reply, files): the LocalReply that answers it and the descriptors
+        it carried, as _File. OSError when the connection broke or no reply
+        came within `timeout` seconds; Refused(DATA_LOSS) for a reply that
+        does not answer the request."""
+        request.id = self._next_id
+        self._next_id += 1
+        request.descriptors = 0
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.send(request.SerializeToString())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused at once (not allowed, busy): the reply says why
+        data, fds, flags, _ = socket.recv_fds(self.sock, _MAX_MESSAGE + 1,
+                                              _MAX_DESCRIPTORS)
+        files = [_File(fd) for fd in fds]
+        for f in files:  # recv_fds does not set close-on-exec
+            os.set_inheritable(f.fd, False)
+        if not data and not files:
+            raise ConnectionResetError(f"the daemon closed {self.path}")
+        reply = local_pb2.LocalReply()
+        try:
+            if len(data) > _MAX_MESSAGE or flags & socket.MSG_CTRUNC:
+                raise ValueError("too long")
+            reply.ParseFromString(data)
+        except Exception:  # DecodeError, or the length above
+            raise Refused(DATA_LOSS, f"{self.path} answered something that "
+                                      "is not a local channel reply") from None
+        if reply.descriptors != len(files) or reply.id != request.id:
+            raise Refused(DATA_LOSS, "the daemon's local channel reply does "
+                                      "not answer the request")
+        return reply, files
+
+
+class BatchRegion:
+    """A region of `slots` slots of `slot_bytes` for a SharedStream, mapped
+    here (`buffer`).
+
+    The connection that asked for it stays open until close(), which keeps
+    the region attachable by a SharedStream; the daemon frees its side once
+    the connection is closed and no stream uses it. The mapping stays valid
+    as long as any array views it. Refused with the daemon's status
+    (UNIMPLEMENTED: its shared memory is off); OSError when the channel
+    cannot be reached.
+    """
+
+    def __init__(self, path, slots, slot_bytes):
+        self._conn = Connection(path)
+        try:
+            request = local_pb2.LocalRequest()
+            request.batch_region.slots = slots
+            request.batch_region.slot_bytes = slot_bytes
+            reply, files = self._conn.ask(request)
+            if reply.code != 0:
+                raise Refused(reply.code, "shared memory: " + reply.message)
+            got = reply.batch_region
+            if (len(files) != 1 or got.slots != slots or
+                    got.slot_bytes < slot_bytes or
+                    got.region_bytes != got.slots * got.slot_bytes or
+                    not got.token or
+                    os.fstat(files[0].fd).st_size < got.region_bytes):
+                raise Refused(DATA_LOSS, f"{path} handed over a region that "
+                                          "does not match its reply")
+            self.buffer = mmap.mmap(files[0].fd, got.region_bytes,
+                                    flags=mmap.MAP_SHARED,
+                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.slots = got.slots
+        self.slot_bytes = got.slot_bytes
+        self.token = got.token
+
+    def close(self):
+        """Lets the daemon free the region once no stream uses it."""
+        self._conn.close()
+
+
+class _Conn:
+    """One connection and its query region, mapped read-write here."""
+
+    def __init__(self, path, region_bytes, timeout):
+        self.channel = Connection(path, timeout)
+        self.timeout = timeout
+        self.buffer = None
+        try:
+            self.grow(region_bytes)
+        except BaseException:
+            self.channel.close()
+            raise
+
+    def grow(self, region_bytes):
+        """A query region of at least `region_bytes` from the daemon, in
+        place of the old one. Refused with the daemon's status; OSError."""
+        request = local_pb2.LocalRequest()
+        request.query_region.bytes = _round_up(region_bytes, OUT_ALIGN)
+        reply, files = self.channel.ask(request, self.timeout)
+        if reply.code != 0:
+            raise Refused(reply.code, reply.message)
+        got = reply.query_region.bytes
+        if len(files) != 1 or got < region_bytes:
+            raise Refused(DATA_LOSS, "the daemon's query region does not "
+                                      "match its reply")
+        buffer = mmap.mmap(files[0].fd, got, flags=mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if self.buffer is not None:
+            self.buffer.close()
+        self.buffer = buffer
+        self.bytes = got
+        self.max_region_bytes = reply.query_region.max_region_bytes
         # The region's pages below this were written here first, so the
         # memory is this process's (a page the daemon's read faults in first
         # would be charged to the daemon's memory cgroup).
@@ -133,35 +244,9 @@ class _Conn:
             self.touched = _round_up(end, OUT_ALIGN)
 
     def close(self):
-        self.sock.close()
-        self.buffer.close()
-
-    def request(self, op, dataset, count=0, out=0, serial=0, with_fds=False):
-        """Sends one request: the reply's (code, rows, d_model, need, serial,
-        message), and the descriptors it carried (with_fds: an open-files
-        reply's). OSError when the connection broke; Refused(15) for a reply
-        that does not answer the request."""
-        request_id = self.next_id
-        self.next_id += 1
-        self.sock.send(_REQUEST.pack(MAGIC, op, request_id, count, 0, out, serial) +
-                       dataset.encode())
-        files = []
-        if with_fds:
-            data, fds, _, _ = socket.recv_fds(self.sock, _MAX_REPLY, _MAX_FILES_PER_OPEN)
-            files = [_File(fd) for fd in fds]
-            for f in files:  # recv_fds does not set close-on-exec
-                os.set_inheritable(f.fd, False)
-        else:
-            data = self.sock.recv(_MAX_REPLY)
-        if not data:
-            raise ConnectionResetError("the daemon closed the local query socket")
-        if len(data) < _REPLY.size or data[:4] != MAGIC:
-            raise Refused(15, "the daemon's local query reply is malformed")
-        _, code, got_id, rows, d_model, need, got_serial = _REPLY.unpack_from(data)
-        if got_id != request_id:
-            raise Refused(15, "the daemon's local query reply answers another request")
-        message = data[_REPLY.size:].decode("utf-8", "replace")
-        return (code, rows, d_model, need, got_serial, message), files
+        self.channel.close()
+        if self.buffer is not None:
+            self.buffer.close()
 
     def call(self, dataset, coords):
         """float32 [N, D] copied out of the region; Refused with the daemon's
@@ -174,13 +259,19 @@ class _Conn:
                           need=out + OUT_ALIGN)
         self._touch(out + n * self.vector_bytes)
         self.buffer[:n * COORD_BYTES] = coords.tobytes()
-        (code, rows, d_model, need, _, message), _ = self.request(
-            _OP_VECTORS, dataset, count=n, out=out)
-        if code != 0:
-            raise Refused(code, message, need)
+        request = local_pb2.LocalRequest()
+        request.vectors.dataset = dataset
+        request.vectors.count = n
+        request.vectors.coords_offset = 0
+        request.vectors.out_offset = out
+        reply, _ = self.channel.ask(request)
+        if reply.code != 0:
+            raise Refused(reply.code, reply.message, reply.need_region_bytes)
+        rows, d_model = reply.vectors.rows, reply.vectors.d_model
         if rows != n or d_model == 0 or out + n * d_model * 4 > self.bytes:
-            raise Refused(15, f"the daemon's local query reply has {rows} x "
-                              f"{d_model} vectors for {n} coordinates")
+            raise Refused(DATA_LOSS, f"the daemon's local query reply has "
+                                      f"{rows} x {d_model} vectors for {n} "
+                                      "coordinates")
         self.vector_bytes = d_model * 4
         return np.frombuffer(self.buffer, dtype="<f4", count=n * d_model,
                              offset=out).reshape(n, d_model).copy()
@@ -214,17 +305,6 @@ class _Layout:
             return None
         return f, (self.base[f] + (example - self.first[s]) * self.example_stride +
                    li * self.layer_stride + token * self.token_stride)
-
-
-class _File:
-    """A descriptor the daemon handed over; closed when the last read using
-    it lets it go."""
-
-    def __init__(self, fd):
-        self.fd = fd
-
-    def __del__(self):
-        os.close(self.fd)
 
 
 class _Direct:
@@ -262,26 +342,23 @@ class LocalQueries:
         with self._lock:
             self._idle.append(conn)
 
-    def _ask(self, op, dataset, files=(), serial=0):
-        """A request that reads nothing on a pooled connection, with `files`
-        (indices) in its region: (code, serial, descriptors, the layout's
-        bytes when asked for one); None when the socket failed."""
+    def _ask(self, request):
+        """A request that reads nothing, on a pooled connection: (reply,
+        files, the layout's bytes when it asked for one); None when the
+        channel failed."""
         conn = None
         try:
             conn = self._take()
-            if files:
-                conn._touch(8 * len(files))
-                conn.buffer[:8 * len(files)] = np.array(files, "<i8").tobytes()
-            (code, rows, _, _, serial, _), fds = conn.request(
-                op, dataset, count=len(files), serial=serial, with_fds=True)
+            reply, files = conn.channel.ask(request)
         except (OSError, Refused):
             if conn is not None:
                 conn.close()
             return None
-        data = bytes(conn.buffer[:rows]) if op == _OP_LAYOUT and code == 0 and \
-            rows <= conn.bytes else b""
+        size = reply.layout.bytes
+        data = bytes(conn.buffer[:size]) if request.HasField("layout") and \
+            reply.code == 0 and size <= conn.bytes else b""
         self._give(conn)
-        return code, serial, fds, data
+        return reply, files, data
 
     def _layout(self, dataset):
         """The dataset's _Direct, asked for when older than a second."""
@@ -303,12 +380,14 @@ class LocalQueries:
     def _refresh(self, dataset, now, d):
         """Asks for the layout; `d` is the previous one (or None)."""
         fresh = _Direct(now)
-        asked = self._ask(_OP_LAYOUT, dataset)
-        if asked is not None and asked[0] == _UNIMPLEMENTED:
+        request = local_pb2.LocalRequest()
+        request.layout.dataset = dataset
+        asked = self._ask(request)
+        if asked is not None and asked[0].code == UNIMPLEMENTED:
             self._unimplemented = True
-        if asked is not None and asked[0] == 0:
+        if asked is not None and asked[0].code == 0:
             try:
-                fresh = _Direct(now, asked[1], _Layout(asked[3]))
+                fresh = _Direct(now, asked[0].layout.serial, _Layout(asked[2]))
             except ValueError:
                 pass  # the daemon reads this dataset's vectors
         if d is not None and d.layout is not None and d.serial == fresh.serial:
@@ -336,12 +415,16 @@ class LocalQueries:
             if len(missing) > _MAX_FILES_PER_OPEN or \
                     held + len(missing) > _MAX_OPEN_FILES:
                 return None
-            asked = self._ask(_OP_OPEN_FILES, dataset, missing, d.serial)
+            request = local_pb2.LocalRequest()
+            request.open_files.dataset = dataset
+            request.open_files.serial = d.serial
+            request.open_files.files.extend(missing)
+            asked = self._ask(request)
             if asked is None:
                 return None
-            code, _, got, _ = asked
+            code, got = asked[0].code, asked[1]
             if code != 0 or len(got) != len(missing):
-                if code == _ABORTED:  # the dataset changed: a new layout
+                if code == ABORTED:  # the dataset changed: a new layout
                     with self._lock:
                         self._direct.pop(dataset, None)
                 return None
@@ -373,7 +456,7 @@ class LocalQueries:
         (the daemon went away, restarted without it, or refuses another
         connection: ask over gRPC). Refused with the daemon's error
         otherwise."""
-        if len(dataset.encode()) > _MAX_DATASET:
+        if len(dataset.encode()) > _MAX_MESSAGE // 2:
             return None  # no dataset is named so; gRPC says NOT_FOUND
         if self.direct_reads and len(coords) == 1:
             got = self._read_direct(dataset, coords)
@@ -381,27 +464,30 @@ class LocalQueries:
                 return got
         with self._lock:
             conn = self._idle.pop() if self._idle else None
-        region = FIRST_REGION_BYTES
         replaced = False
         growths = 0
         while True:
             if conn is None:
                 try:
-                    conn = _Conn(self.path, region, self.timeout)
+                    conn = _Conn(self.path, FIRST_REGION_BYTES, self.timeout)
                 except (OSError, Refused):
                     return None
             try:
                 got = conn.call(dataset, coords)
             except Refused as e:
-                if e.code == 15:  # out of step with the daemon: never reused
+                if e.code == DATA_LOSS:  # out of step with the daemon: never reused
                     conn.close()
                     raise
                 if e.need and growths < 2 and conn.bytes < e.need <= conn.max_region_bytes:
-                    # A larger region, for the coordinates or the vectors.
+                    # A larger region on the same connection, for the
+                    # coordinates or the vectors.
                     growths += 1
-                    region = max(e.need, 2 * conn.bytes)
-                    conn.close()
-                    conn = None
+                    try:
+                        conn.grow(min(conn.max_region_bytes,
+                                      max(e.need, 2 * conn.bytes)))
+                    except (OSError, Refused):
+                        conn.close()
+                        return None
                     continue
                 with self._lock:
                     self._idle.append(conn)

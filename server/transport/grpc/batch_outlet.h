@@ -2,7 +2,7 @@
 // into a pooled buffer that becomes the reply's payload slice (the gRPC
 // path, for every client), or into a slot of the client's shared-memory
 // region with only the slot's number in the reply (local clients, see
-// shm_service.h). The stream reactor asks its outlet for memory, has the
+// batch_regions.h). The stream reactor asks its outlet for memory, has the
 // engine fill it, and sends what the outlet makes of the batch.
 #ifndef SHARDCAST_SERVER_TRANSPORT_GRPC_BATCH_OUTLET_H_
 #define SHARDCAST_SERVER_TRANSPORT_GRPC_BATCH_OUTLET_H_
@@ -18,7 +18,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "server/engine/batch_source.h"
 #include "server/transport/grpc/buffer_pool.h"
-#include "server/transport/local/shm_service.h"
+#include "server/transport/local/batch_regions.h"
 
 namespace shardcast {
 
@@ -63,7 +63,7 @@ class MessageOutlet final : public BatchOutlet {
 /// meanwhile. Release is thread-safe (called as client messages arrive).
 class SlotOutlet final : public BatchOutlet {
  public:
-  /// `region` is the stream's attachment (shm_service.h).
+  /// `region` is the stream's attachment (batch_regions.h).
   explicit SlotOutlet(std::shared_ptr<ShmRegion> region);
   std::optional<VectorDest> Acquire(uint64_t bytes, bool views) override
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -11,7 +11,7 @@
 #include "server/transport/figures.h"
 #include "server/transport/grpc/buffer_pool.h"
 #include "server/transport/grpc/local_acceptor.h"
-#include "server/transport/local/shm_service.h"
+#include "server/transport/local/batch_regions.h"
 #include "server/transport/metrics.h"
 #include "server/transport/worker_pool.h"
 
@@ -24,7 +24,7 @@ struct TransportContext {
   WorkerPool* pool = nullptr;
   Metrics* metrics = nullptr;
   BufferPool* buffers = nullptr;  // batch payload buffers
-  ShmService* shm = nullptr;      // null: shared memory is off
+  BatchRegions* shm = nullptr;    // null: shared memory is off
   /// Who is at the other end of local calls; null without a Unix socket.
   const LocalAcceptor* local = nullptr;
   /// Read on every call: while false (draining for shutdown) new calls get

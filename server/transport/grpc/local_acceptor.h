@@ -38,7 +38,7 @@ namespace shardcast {
 /// Whom --allow-user/--allow-group let in: everyone when both lists are
 /// empty; otherwise root, the daemon's own user, the listed users and the
 /// members of the listed groups (the primary group of the connecting
-/// process). The Unix socket and the side channels beside it (shared
+/// process). The Unix socket and the local channel beside it (shared
 /// memory, local queries) apply the same list.
 struct LocalAllowList {
   std::vector<uid_t> uids;

@@ -1,37 +1,36 @@
-// Random access for clients on the daemon's node without gRPC: the local
-// query socket (`<socket>.query`, same mode and group as the gRPC one;
-// common/local/query_protocol.h has the messages, docs/local-clients.md, "Local
-// queries").
+// The local channel: how clients on the daemon's node talk to it beside
+// gRPC. One Unix socket, `<socket>.local` (the gRPC socket's mode and
+// group), one framing (common/local/channel.h), its messages declared in
+// proto/shardcast/v1/local.proto. It carries:
+//   - batch regions: shared memory a SharedStream writes batches into
+//     (batch_regions.h);
+//   - local queries: GetVectors as one small message each way, the vectors
+//     read from disk (O_DIRECT where the dataset allows it) straight into a
+//     query region the daemon made and handed to the client;
+//   - direct reads: a dataset's layout and read-only descriptors of its
+//     files, so a client reads single vectors itself with one wake-up per
+//     read instead of two.
 //
-// Why: over gRPC a call costs both sides a fixed ~0.1-0.8 ms of CPU and
+// Why not gRPC: a gRPC call costs both sides a fixed ~0.1-0.8 ms of CPU and
 // thread hops whatever it asks for (tests/bench/results/HISTORY.md, random
-// access), so on a small machine the disk waits for the calls. Here a call is
-// one small message each way; the vectors go straight from the disk (O_DIRECT
-// where the dataset allows it) into a memfd region the client handed over
-// when it connected, and the coordinates come through that region too.
+// access), and gRPC cannot carry descriptors.
 //
-// A few threads (LocalQueryOptions::threads) serve the connections, each
-// from its own io_uring: the first accepts and hands each new connection
-// to the threads in turn. A thread polls its sockets, plans each request's
-// reads (QueryEngine::PlanVectorReads), submits them with those of every
-// other request it has in flight, and answers each request when its last
-// read completes. The reads of all clients are in flight together, as
-// fio's are at the matching queue depth; no call waits on another's reads.
+// A few threads (LocalChannelOptions::threads) serve the connections, each
+// from its own ring loop (server/io/ring_loop.h): the first accepts and
+// hands each new connection to the threads in turn. A thread polls its
+// sockets, plans each query's reads (QueryEngine::PlanVectorReads), has
+// them read with those of every other query it has in service, and answers
+// each when its last read completes. No call waits on another's reads.
 //
-// Direct reads (LocalQueryOptions::direct_reads): a connection may also ask
-// for a dataset's layout, written into its region, and read-only
-// descriptors of the dataset's files (QueryEngine::Layout, OpenFiles); the
-// client then reads single vectors itself, with one wake-up per read
-// instead of two. Both are answered at once, without the ring.
-//
-// Safety: a region must be a memfd sealed against shrinking (checked before
-// it is mapped), so no write of the daemon can fault; its size is capped.
-// The daemon copies a request's coordinates out of the region before
-// checking them, writes only inside the region, and never reads the
-// vectors back. A connection is served one request at a time; a client
-// that sends the next before reading the reply is disconnected.
-#ifndef SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_QUERY_SERVICE_H_
-#define SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_QUERY_SERVICE_H_
+// Safety: every region is a memfd the daemon made and sealed, so no write
+// of the daemon can fault; sizes are capped. The daemon copies a request's
+// coordinates out of the region before checking them, writes only inside
+// the region, and never reads vectors back. A connection is served one
+// request at a time; a client that sends the next before reading the reply
+// is disconnected. Whom --allow-user/--allow-group exclude is refused at
+// its first request, with the reason.
+#ifndef SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_CHANNEL_H_
+#define SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_CHANNEL_H_
 
 #include <sys/types.h>
 
@@ -46,22 +45,23 @@
 #include "absl/status/statusor.h"
 #include "common/base/file.h"
 #include "server/engine/query.h"
+#include "server/transport/local/batch_regions.h"
 #include "server/transport/metrics.h"
 
 namespace shardcast {
 
-struct LocalQueryOptions {
+struct LocalChannelOptions {
   std::string path;  // the socket to create (its directory exists)
   uint32_t mode = 0660;
   std::string group;  // chgrp the socket to it when set
-  /// The largest region the daemon maps: the vectors of one call (the
-  /// engine's byte limit per call) and their coordinates.
-  uint64_t max_region_bytes = 256ull << 20;
   int max_connections = 1024;
   /// Whether a peer (uid, primary gid) may connect; empty: anyone the
   /// socket's mode lets in. The daemon passes its --allow-user/-group.
   std::function<bool(uid_t, gid_t)> admits;
-  /// Reads the ring may have in flight; more wait for a slot.
+  /// The largest query region the daemon hands out: the vectors of one
+  /// call (the engine's byte limit per call) and their coordinates.
+  uint64_t max_query_region_bytes = 256ull << 20;
+  /// Reads a thread may have in flight; more wait for a slot.
   unsigned queue_depth = 1024;
   /// With two or more calls in service and reads on the disk, a thread
   /// checks for completions for up to this long before it sleeps. A
@@ -79,34 +79,35 @@ struct LocalQueryOptions {
   /// on the disk (tests/bench/results/HISTORY.md, "Several local query
   /// threads").
   int threads = 1;
-  /// Whether an admitted client may read vectors itself: it asks for a
-  /// dataset's layout and read-only descriptors of its files
-  /// (common/local/query_protocol.h, Op::kLayout), then reads single vectors
-  /// with pread, one wake-up per read instead of two (docs/local-clients.md,
-  /// "Local queries"). False: every vector is read by the daemon.
+  /// Whether an admitted client may read vectors itself (Layout and
+  /// OpenFiles; docs/local-clients.md, "Direct reads"). False: every
+  /// vector is read by the daemon.
   bool direct_reads = true;
 };
 
-/// Serves the local query socket on its own threads until destroyed.
-class LocalQueryService {
+/// Serves the local channel on its own threads until destroyed.
+class LocalChannel {
  public:
   /// Creates the socket (removing a stale one: the caller holds the daemon
-  /// lock) and starts serving. UNIMPLEMENTED when the kernel gives no
-  /// io_uring (old kernel, seccomp): the daemon then goes on without the
-  /// socket, and clients use gRPC. `queries` and `metrics` must outlive the
-  /// service.
-  static absl::StatusOr<std::unique_ptr<LocalQueryService>> Start(
-      LocalQueryOptions options, const QueryEngine* queries, Metrics* metrics);
+  /// lock) and starts serving. `queries` null: local queries are off (their
+  /// requests are answered UNIMPLEMENTED and clients ask over gRPC);
+  /// `regions` null: shared memory is off (the same for batch regions).
+  /// Everything given must outlive the channel. The errno's code naming
+  /// the path when the socket cannot be made.
+  static absl::StatusOr<std::unique_ptr<LocalChannel>> Start(
+      LocalChannelOptions options, const QueryEngine* queries,
+      BatchRegions* regions, Metrics* metrics);
   /// Stops serving (reads in flight complete first) and removes the socket.
-  ~LocalQueryService();
+  /// Batch regions in use stay mapped until their streams let go.
+  ~LocalChannel();
 
   const std::string& path() const { return options_.path; }
 
  private:
   class Loop;
-  explicit LocalQueryService(LocalQueryOptions options);
+  explicit LocalChannel(LocalChannelOptions options);
 
-  const LocalQueryOptions options_;
+  const LocalChannelOptions options_;
   // Connections open across the loops (against max_connections).
   std::atomic<int> open_{0};
   std::vector<std::unique_ptr<Loop>> loops_;
@@ -116,4 +117,4 @@ class LocalQueryService {
 
 }  // namespace shardcast
 
-#endif  // SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_QUERY_SERVICE_H_
+#endif  // SHARDCAST_SERVER_TRANSPORT_LOCAL_LOCAL_CHANNEL_H_

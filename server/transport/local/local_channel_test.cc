@@ -1,8 +1,15 @@
-// The shared-memory side channel: a region's reply does not wait for its
-// pages to be populated (trainers launched together reach their stream
-// calls together), and the pages are populated afterwards. Regions are
-// asked for by the client library's own code (client/shared_memory.cc).
-#include "server/transport/local/shm_service.h"
+// The local channel: a batch region's reply does not wait for its pages to
+// be populated (trainers launched together reach their stream calls
+// together), and the pages are populated afterwards; the framing refuses
+// what is not a message, and an operation the daemon does not know leaves
+// the connection usable. Regions are asked for by the client library's own
+// code (client/shared_memory.cc). Queries are tested against a real daemon
+// (tests/integration/daemon_test.cc).
+#include "server/transport/local/local_channel.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,7 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "client/local_channel_internal.h"
 #include "client/shared_memory_internal.h"
+#include "common/local/channel.h"
 #include "common/testing/testing.h"
 #include "gtest/gtest.h"
 #include "server/engine/engine.h"
@@ -25,6 +34,7 @@ namespace shardcast {
 namespace {
 
 using internal_client::ClientRegion;
+using internal_client::LocalConnection;
 
 constexpr uint64_t kMiB = 1 << 20;
 
@@ -57,7 +67,7 @@ class GatedPopulate {
   bool released_ = false;
 };
 
-class ShmServiceTest : public ::testing::Test {
+class LocalChannelTest : public ::testing::Test {
  protected:
   void Start(std::function<void(char*, uint64_t)> populate,
              int max_connections = 256) {
@@ -68,16 +78,20 @@ class ShmServiceTest : public ::testing::Test {
     auto e = Engine::Start(o);
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
-    ShmServiceOptions so;
-    so.path = socket_;
-    so.populate = std::move(populate);
-    so.max_connections = max_connections;
-    auto s = ShmService::Start(so, engine_.get());
+    BatchRegionsOptions ro;
+    ro.populate = std::move(populate);
+    regions_ = std::make_unique<BatchRegions>(ro, engine_.get());
+    LocalChannelOptions co;
+    co.path = socket_;
+    co.max_connections = max_connections;
+    // No queries here: their requests are answered UNIMPLEMENTED.
+    auto s = LocalChannel::Start(co, nullptr, regions_.get(), &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
-    service_ = std::move(*s);
+    channel_ = std::move(*s);
   }
   void TearDown() override {
-    service_.reset();
+    channel_.reset();
+    regions_.reset();
     engine_.reset();
   }
 
@@ -102,12 +116,14 @@ class ShmServiceTest : public ::testing::Test {
   }
 
   TempRoot tmp_;
-  const std::string socket_ = tmp_.File("d.sock.shm");
+  const std::string socket_ = tmp_.File("d.sock.local");
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<ShmService> service_;
+  Metrics metrics_;
+  std::unique_ptr<BatchRegions> regions_;
+  std::unique_ptr<LocalChannel> channel_;
 };
 
-TEST_F(ShmServiceTest, RegionsAreHandedOutBeforeTheirPagesArePopulated) {
+TEST_F(LocalChannelTest, RegionsAreHandedOutBeforeTheirPagesArePopulated) {
   GatedPopulate gate;
   Start([&gate](char* base, uint64_t bytes) { gate(base, bytes); });
   // Three clients in a row, while the first region's population is held:
@@ -126,10 +142,10 @@ TEST_F(ShmServiceTest, RegionsAreHandedOutBeforeTheirPagesArePopulated) {
     EXPECT_NE(base, nullptr);
     EXPECT_EQ(bytes, 4 * kMiB);  // 4 slots of 1 MiB, whole pages
   }
-  EXPECT_EQ(service_->Figures().regions, 3);
+  EXPECT_EQ(regions_->Figures().regions, 3);
 }
 
-TEST_F(ShmServiceTest, TheDefaultPopulationFaultsInTheWholeRegion) {
+TEST_F(LocalChannelTest, TheDefaultPopulationFaultsInTheWholeRegion) {
   Start(nullptr);
   auto r = ClientRegion::Open(socket_, 2, 4 * kMiB);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -154,7 +170,7 @@ TEST_F(ShmServiceTest, TheDefaultPopulationFaultsInTheWholeRegion) {
 // sent at accept, its request unread, then a close reached it as
 // ECONNRESET, with the reason lost. Once a connection closes, a new one is
 // served.
-TEST_F(ShmServiceTest, AConnectionOverTheLimitIsToldWhy) {
+TEST_F(LocalChannelTest, AConnectionOverTheLimitIsToldWhy) {
   Start(nullptr, 2);
   std::vector<std::shared_ptr<const ClientRegion>> regions;
   for (int i = 0; i < 2; ++i) {
@@ -177,6 +193,103 @@ TEST_F(ShmServiceTest, AConnectionOverTheLimitIsToldWhy) {
     if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(served);
+}
+
+// A raw connection to the channel, for packets the client library never
+// sends.
+UniqueFd RawConnect(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  EXPECT_EQ(
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// The reply to one raw packet, and whether the daemon closed after it.
+v1::LocalReply ReplyTo(const std::string& path, absl::string_view packet,
+                       bool* closed) {
+  UniqueFd fd = RawConnect(path);
+  EXPECT_EQ(::send(fd.get(), packet.data(), packet.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(packet.size()));
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  auto got = local::ReceiveMessage(fd.get(), &reply, &fds);
+  EXPECT_TRUE(got.ok()) << got.status();
+  char c;
+  *closed = ::recv(fd.get(), &c, 1, MSG_DONTWAIT) == 0;
+  return reply;
+}
+
+TEST_F(LocalChannelTest, APacketThatIsNotAMessageIsRefusedAndDisconnected) {
+  Start(nullptr);
+  bool closed = false;
+  // Field 1 as a length-delimited string running past the packet.
+  const v1::LocalReply reply = ReplyTo(socket_, "\x0a\x7fshort", &closed);
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(reply.message().find("not a local channel message"),
+            std::string::npos)
+      << reply.message();
+  EXPECT_TRUE(closed);
+}
+
+TEST_F(LocalChannelTest, AMessageMustCarryTheDescriptorsItSays) {
+  Start(nullptr);
+  v1::LocalRequest request;
+  request.set_id(7);
+  request.set_descriptors(2);  // and carries none
+  request.mutable_batch_region()->set_slots(2);
+  request.mutable_batch_region()->set_slot_bytes(4096);
+  bool closed = false;
+  const v1::LocalReply reply =
+      ReplyTo(socket_, request.SerializeAsString(), &closed);
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(reply.message().find("says it carries 2 descriptors and carries 0"),
+            std::string::npos)
+      << reply.message();
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(regions_->Figures().regions, 0);
+}
+
+// A newer client's operation (a field of the oneof this daemon lacks) is
+// answered UNIMPLEMENTED, and the same connection goes on being served.
+TEST_F(LocalChannelTest, AnUnknownOperationLeavesTheConnectionUsable) {
+  Start(nullptr);
+  auto c = LocalConnection::Connect(socket_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::LocalRequest unknown;
+  // Field 99, length-delimited and empty: unknown to this daemon.
+  unknown.GetReflection()->MutableUnknownFields(&unknown)->AddLengthDelimited(
+      99, "");
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(c->Ask(unknown, &reply, &fds).ok());
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kUnimplemented));
+  v1::LocalRequest region;
+  region.mutable_batch_region()->set_slots(2);
+  region.mutable_batch_region()->set_slot_bytes(4096);
+  ASSERT_TRUE(c->AskOk(region, &reply, &fds, "").ok()) << reply.message();
+  EXPECT_EQ(fds.size(), 1u);
+  EXPECT_EQ(reply.batch_region().region_bytes(), 2 * 4096u);
+  // One batch region per connection.
+  const absl::Status again = c->AskOk(region, &reply, &fds, "");
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+}
+
+TEST_F(LocalChannelTest, QueriesOffAreAnsweredUnimplemented) {
+  Start(nullptr);
+  auto c = LocalConnection::Connect(socket_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::LocalRequest request;
+  request.mutable_query_region()->set_bytes(1 << 20);
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  const absl::Status status = c->AskOk(request, &reply, &fds, "");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(status.message().find("--disable-local-queries"), std::string::npos)
+      << status;
+  EXPECT_TRUE(fds.empty());
 }
 
 }  // namespace

@@ -208,14 +208,15 @@ def test_a_megabyte_dataset_id_is_not_echoed_whole(served):
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_a_dataset_name_too_long_for_the_local_socket_is_not_found_as_over_grpc(served, n):
-    # The local query socket carries names of up to 1024 bytes; a longer
-    # one names no dataset, and the answer is gRPC's NOT_FOUND, not an error
-    # of the socket's own (one vector: the direct-read path; two: a call).
+def test_a_dataset_name_too_long_for_any_dataset_is_not_found_as_over_grpc(served, n):
+    # No dataset has a name this long, and the answer is NOT_FOUND naming
+    # the length, whether the local channel carries the name (up to 8 KiB)
+    # or it is too long for a channel message and goes over gRPC (one
+    # vector: the direct-read path; two: a call).
     d, _, _ = served
     coords = np.zeros((n, 3), dtype=np.int64)
     coords[:, 1] = 6
-    for name in ("z" * 1025, "\u00e9" * 600):  # 1025 and 1200 bytes
+    for name in ("z" * 1025, "\u00e9" * 600, "y" * 9000):  # 1025, 1200, 9000 bytes
         err = expect_error("NOT_FOUND", d.client.get_vectors, name, coords)
         assert str(len(name.encode())) + " bytes" in err.message, err.message
     d.alive()
@@ -487,14 +488,14 @@ def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
     import tempfile
     run = Path(tempfile.mkdtemp(prefix="shardcast-allow-", dir="/tmp"))
     os.chmod(run, 0o755)  # nobody may reach the socket; its group decides
-    # The main socket and the shared-memory side channel both ask.
+    # The main socket and the local channel both ask.
     probe = ("import sys, shardcast\n"
-             "from shardcast import _shm\n"
+             "from shardcast import _local\n"
              "c = shardcast.Client(sys.argv[1], timeout=5)\n"
              "try:\n    c.describe(sys.argv[2]); print('OK')\n"
              "except shardcast.Error as e:\n    print(e.code, e.message)\n"
-             "try:\n    _shm.Region(sys.argv[1][5:] + '.shm', 2, 4096).close(); print('SHM OK')\n"
-             "except _shm.RegionRefused as e:\n    print('SHM', e.code, e.message)\n")
+             "try:\n    _local.BatchRegion(sys.argv[1][5:] + '.local', 2, 4096).close(); print('SHM OK')\n"
+             "except _local.Refused as e:\n    print('SHM', e.code, e.message)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
     for allow, expect in ((["--allow-user", "12345"], "PERMISSION_DENIED"), ([], "OK")):
         d = Daemon(root, run, extra=["--socket-group", "nogroup", *allow])

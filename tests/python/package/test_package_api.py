@@ -145,7 +145,7 @@ def test_get_vectors_equal_numpy(start_daemon, datasets, local):
     """get_vectors returns float32 [N, D] equal to numpy at the protocol
     offsets, for a list of tuples and for an [N, 3] array (corners, both
     shards, negative layers, CLS and last token); [] gives [0, D]. On the
-    local query socket (the default on a Unix socket) and over gRPC."""
+    local channel (the default on a Unix socket) and over gRPC."""
     d = start_daemon()
     rng = np.random.default_rng(11)
     with shardcast.Client(d.address, local_queries=local) as client:
@@ -168,7 +168,7 @@ def test_get_vectors_equal_numpy(start_daemon, datasets, local):
 
 def test_local_queries_skip_grpc_grow_their_region_and_serve_threads(
         start_daemon, datasets):
-    """On the Unix socket get_vectors goes through the local query socket
+    """On the Unix socket get_vectors goes through the local channel
     (shardcast_queries_local_total counts each call, the daemon's log shows no
     gRPC query): cold and cached, from 8 threads at once, and a call larger
     than a connection's first region (the client reconnects with a larger
@@ -693,7 +693,12 @@ def test_shm_is_used_by_default_and_not_when_disabled(start_daemon, datasets):
             rows += [row for b in s for row in r.batch_rows(b, 6)]
         assert_exact_epoch(rows, r.selection(6))
     off = start_daemon("--disable-shared-memory", *ALONE)
-    assert not Path(str(off.sock) + ".shm").exists()
+    # Its local channel serves queries only: a batch region is refused.
+    from shardcast import _local
+    with pytest.raises(_local.Refused) as refused:
+        _local.BatchRegion(str(off.sock) + _local.SOCKET_SUFFIX, 2, 4096)
+    assert refused.value.code == 12, refused.value.message  # UNIMPLEMENTED
+    assert "--disable-shared-memory" in refused.value.message
     with shardcast.Client(off.address) as client:
         with client.stream(r.id, layer=6, batch_size=50, seed=1) as s:
             rows = [row for b in s for row in r.batch_rows(b, 6)]
@@ -935,7 +940,7 @@ def test_version_matches_cmake_and_pyproject():
 
 
 def _generate_stubs(out):
-    """Generates Python stubs from proto/shardcast/v1/shardcast.proto into
+    """Generates Python stubs from proto/shardcast/v1/{shardcast,local}.proto into
     `out`; returns (generator, whether the grpc file was generated). The
     checked-in files name no generator version, but their pb2 layout is
     protoc 3.21's, the version of Debian's python3-protobuf, so Debian's
@@ -948,7 +953,7 @@ def _generate_stubs(out):
         has_plugin = Path(plugin).exists()
         if has_plugin:
             cmd += [f"--grpc_python_out={out}", f"--plugin=protoc-gen-grpc_python={plugin}"]
-        cmd.append("shardcast/v1/shardcast.proto")
+        cmd += ["shardcast/v1/shardcast.proto", "shardcast/v1/local.proto"]
         gen = "protoc"
     else:
         if importlib.util.find_spec("grpc_tools") is None:
@@ -956,7 +961,7 @@ def _generate_stubs(out):
                         "be regenerated here")
         cmd = ["/usr/bin/python3", "-m", "grpc_tools.protoc", f"-I{proto_dir}",
                f"--python_out={out}", f"--grpc_python_out={out}",
-               "shardcast/v1/shardcast.proto"]
+               "shardcast/v1/shardcast.proto", "shardcast/v1/local.proto"]
         has_plugin, gen = True, "grpc_tools"
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr.decode(errors='replace')}"
@@ -964,8 +969,8 @@ def _generate_stubs(out):
 
 
 def test_checked_in_stubs_are_current():
-    """client/python/shardcast/v1/shardcast_pb2.py and shardcast_pb2_grpc.py
-    are byte for byte what the generator makes of proto/ today (so a change
+    """client/python/shardcast/v1/shardcast_pb2.py, shardcast_pb2_grpc.py and
+    local_pb2.py (the local channel's messages) are byte for byte what the generator makes of proto/ today (so a change
     to the .proto without regenerating fails here). When no gRPC plugin is
     installed the _grpc file cannot be regenerated: then every RPC of the
     .proto must appear in it with its path and message types instead."""
@@ -976,6 +981,9 @@ def test_checked_in_stubs_are_current():
         assert (fresh / "shardcast_pb2.py").read_bytes() == \
             (checked_in / "shardcast_pb2.py").read_bytes(), (
             f"shardcast_pb2.py is stale: regenerate it with {gen} (see the file's header)")
+        assert (fresh / "local_pb2.py").read_bytes() == \
+            (checked_in / "local_pb2.py").read_bytes(), (
+            f"local_pb2.py is stale: regenerate it with {gen}")
         grpc_file = (checked_in / "shardcast_pb2_grpc.py").read_text()
         if has_plugin:
             assert (fresh / "shardcast_pb2_grpc.py").read_text() == grpc_file, (

@@ -25,7 +25,8 @@ from package_fixtures import (CHILD_ENV, PacedTrainer, Reference,  # noqa: F401
                               start_daemon, synth, wait_for)
 
 import shardcast
-from shardcast import _shm
+from shardcast import _local
+from shardcast.v1 import local_pb2
 from shardcast.v1 import shardcast_pb2 as pb
 from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
@@ -33,7 +34,7 @@ ALONE = ("--scan-start-delay-ms", "0")
 
 
 def shm_path(daemon):
-    return str(daemon.sock) + _shm.SOCKET_SUFFIX
+    return str(daemon.sock) + _local.SOCKET_SUFFIX
 
 
 # ---------------------------------------------------------------------------
@@ -110,10 +111,10 @@ def test_two_spawned_trainers_share_one_disk_pass(start_daemon, datasets):
 VICTIM = r"""
 import sys, time
 import shardcast
-from shardcast import _shm
+from shardcast import _local
 address, dataset, mode, sock = sys.argv[1:5]
 if mode == "region":   # a region asked for, never used by a stream
-    region = _shm.Region(sock + _shm.SOCKET_SUFFIX, 4, 1 << 16)
+    region = _local.BatchRegion(sock + _local.SOCKET_SUFFIX, 4, 1 << 16)
     print("ready", flush=True)
 else:                  # a shared-memory stream holding a batch
     client = shardcast.Client(address)
@@ -240,7 +241,7 @@ def test_tampered_release_is_invalid_argument_and_others_are_served(
                 s._requests.put(pb.SharedStreamMessage(release=[slot, slot]))
                 e = _next_until_error(s)
             else:
-                region = _shm.Region(shm_path(d), 2, 16 * r.D * 4)
+                region = _local.BatchRegion(shm_path(d), 2, 16 * r.D * 4)
                 q, it = raw_requests()
                 q.put(pb.SharedStreamMessage(
                     request=pb.StreamRequest(dataset=r.id, layer=6, batch_size=16,
@@ -364,7 +365,7 @@ def test_an_idle_daemon_touches_its_reservoir_in_the_background(start_daemon):
 def test_absurd_region_requests_are_refused_cleanly(start_daemon, datasets):
     """Region requests with 0 or 1000 slots, slots of 0 or 2^62 bytes, 16
     slots of 512 MiB (over the per-region limit), or bytes that are not a
-    request at all get a refusal with a code and a message, and leave no
+    local channel message at all get a refusal with a code and a message, and leave no
     region behind; a stream asking for a batch no slot can hold gets
     INVALID_ARGUMENT; the daemon then serves an exact epoch."""
     d = start_daemon(*ALONE)
@@ -374,8 +375,8 @@ def test_absurd_region_requests_are_refused_cleanly(start_daemon, datasets):
              ((4, 0), 3, "slot of 0 bytes"), ((4, 1 << 62), 3, "bytes"),
              ((16, 512 << 20), 8, "exceeds")]
     for (slots, slot_bytes), code, words in cases:
-        with pytest.raises(_shm.RegionRefused) as e:
-            _shm.Region(shm_path(d), slots, slot_bytes)
+        with pytest.raises(_local.Refused) as e:
+            _local.BatchRegion(shm_path(d), slots, slot_bytes)
         assert (e.value.code, words in e.value.message) == (code, True), (
             slots, slot_bytes, e.value.code, e.value.message)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
@@ -383,9 +384,9 @@ def test_absurd_region_requests_are_refused_cleanly(start_daemon, datasets):
         s.connect(shm_path(d))
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
         data, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4))
-    assert data[:4] == _shm.MAGIC and anc == [], data
-    code = int.from_bytes(data[4:8], "little")
-    assert code == 3 and b"not a shardcast region request" in data[48:], data
+    assert anc == [], anc
+    reply = local_pb2.LocalReply.FromString(data)
+    assert reply.code == 3 and "not a local channel message" in reply.message, reply
     with shardcast.Client(d.address) as client:
         with pytest.raises(shardcast.Error) as e:
             next(client.stream(r.id, layer=6, batch_size=10 ** 7))
@@ -407,8 +408,8 @@ def test_region_refused_by_the_reservoir_leaves_the_count_at_zero(start_daemon, 
     reservoir) too."""
     d = start_daemon(*ALONE)
     r = datasets.main
-    with pytest.raises(_shm.RegionRefused) as e:
-        _shm.Region(shm_path(d), 2, 40 << 20)
+    with pytest.raises(_local.Refused) as e:
+        _local.BatchRegion(shm_path(d), 2, 40 << 20)
     assert e.value.code == 8 and "--reservoir-bytes" in e.value.message, e.value.message
     with shardcast.Client(d.address) as client:
         with pytest.raises(shardcast.Error) as e:

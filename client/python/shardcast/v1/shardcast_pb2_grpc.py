@@ -433,8 +433,8 @@ class StreamServicer(object):
         """The same stream for a client on the daemon's machine, with each batch's
         vectors written into a slot of a shared-memory region instead of the
         message (Batch.slot says which; Batch.vectors is empty). The client gets
-        the region (a sealed memfd, passed over the daemon's shared-memory
-        socket, <unix socket path>.shm) before it opens this stream; see
+        the region (a sealed memfd, passed over the daemon's local channel,
+        <unix socket path>.local; local.proto) before it opens this stream; see
         docs/local-clients.md, "Shared memory". The first message carries the request and
         the region's token; later messages return slots the client has read.
         The daemon never writes into a slot the client holds, so it sends at
