@@ -13,6 +13,10 @@
 namespace shardcast {
 
 struct RingLoop::Op {
+  // In the loop's list of operations not completed (io_uring: submitted or
+  // waiting; poll(2): waiting reads, armed polls), so that none outlives it.
+  Op* prev = nullptr;
+  Op* next = nullptr;
   bool is_read = false;
   ReadOp read;
   size_t done_bytes = 0;
@@ -25,10 +29,26 @@ RingLoop::RingLoop(std::optional<UringRing> ring, unsigned depth)
     : ring_(std::move(ring)), depth_(depth < 1 ? 1 : depth) {}
 
 RingLoop::~RingLoop() {
-  // Operations never completed (the loop's owner stopped with polls armed):
-  // their callbacks are dropped, not run.
-  for (Op* op : waiting_) delete op;
-  for (Op* op : polls_) delete op;
+  // The ring goes first (the kernel cancels what it still holds); then the
+  // operations never completed (the owner stopped with polls armed) go,
+  // their callbacks dropped, not run.
+  ring_.reset();
+  while (open_ != nullptr) delete Unlink(open_);
+}
+
+RingLoop::Op* RingLoop::Link(Op* op) {
+  op->next = open_;
+  if (open_ != nullptr) open_->prev = op;
+  open_ = op;
+  return op;
+}
+
+RingLoop::Op* RingLoop::Unlink(Op* op) {
+  if (op->prev != nullptr) op->prev->next = op->next;
+  if (op->next != nullptr) op->next->prev = op->prev;
+  if (open_ == op) open_ = op->next;
+  op->prev = op->next = nullptr;
+  return op;
 }
 
 std::unique_ptr<RingLoop> RingLoop::Create(unsigned queue_depth) {
@@ -54,7 +74,7 @@ void RingLoop::Queue(F prepare) {
 }
 
 void RingLoop::Poll(int fd, unsigned events, Done done) {
-  Op* op = new Op;
+  Op* op = Link(new Op);
   op->fd = fd;
   op->events = events;
   op->done = std::move(done);
@@ -68,7 +88,7 @@ void RingLoop::Poll(int fd, unsigned events, Done done) {
 }
 
 void RingLoop::Read(const ReadOp& read, size_t done_bytes, Done done) {
-  Op* op = new Op;
+  Op* op = Link(new Op);
   op->is_read = true;
   op->read = read;
   op->done_bytes = done_bytes;
@@ -118,11 +138,15 @@ bool RingLoop::RunOnceUring(int64_t spin_ns) {
     waiting_.pop_front();
     SubmitRead(op);
   }
+  RunCallbacks();
+  return ok;
+}
+
+void RingLoop::RunCallbacks() {
   for (const auto& [op, res] : done_) {
-    std::unique_ptr<Op> owned(op);
+    std::unique_ptr<Op> owned(Unlink(op));
     owned->done(res);
   }
-  return ok;
 }
 
 bool RingLoop::RunOncePoll() {
@@ -166,10 +190,7 @@ bool RingLoop::RunOncePoll() {
       polls_.swap(kept);
     }
   }
-  for (const auto& [op, res] : done_) {
-    std::unique_ptr<Op> owned(op);
-    owned->done(res);
-  }
+  RunCallbacks();
   return ok;
 }
 

@@ -65,6 +65,10 @@ class RingLoop {
   void SubmitRead(Op* op);
   bool RunOnceUring(int64_t spin_ns);
   bool RunOncePoll();
+  // Runs (and frees) the operations in done_.
+  void RunCallbacks();
+  Op* Link(Op* op);
+  Op* Unlink(Op* op);
 
   std::optional<UringRing> ring_;
   const unsigned depth_;
@@ -72,6 +76,7 @@ class RingLoop {
   std::deque<Op*> waiting_;                // reads past the queue depth
   std::vector<Op*> polls_;                 // without io_uring: the polls armed
   std::vector<std::pair<Op*, int>> done_;  // completions of one RunOnce
+  Op* open_ = nullptr;  // every operation not completed, linked
 };
 
 }  // namespace shardcast

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,6 +137,25 @@ TEST_P(RingLoopTest, CallbacksMayQueueMoreWork) {
   }
   EXPECT_EQ(completed, 8);
   EXPECT_EQ(0, std::memcmp(buf.data(), bytes_.data(), buf.size()));
+}
+
+// A loop's owner may stop with polls armed (idle connections): destroying
+// the loop drops their callbacks, and what they hold, without running them.
+TEST_P(RingLoopTest, ALoopDestroyedWithPollsArmedDropsTheirCallbacks) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  UniqueFd r(fds[0]), w(fds[1]);
+  auto held = std::make_shared<int>(0);
+  bool ran = false;
+  {
+    auto loop = MakeLoop(8);
+    for (int i = 0; i < 3; ++i) {
+      loop->Poll(r.get(), POLLIN, [held, &ran](int) { ran = true; });
+    }
+    EXPECT_EQ(held.use_count(), 4);
+  }
+  EXPECT_EQ(held.use_count(), 1);
+  EXPECT_FALSE(ran);
 }
 
 INSTANTIATE_TEST_SUITE_P(Roads, RingLoopTest, ::testing::Bool(),
