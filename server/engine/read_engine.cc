@@ -1,6 +1,5 @@
 #include "server/engine/read_engine.h"
 
-#include <linux/time_types.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -8,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -24,13 +22,6 @@ struct ReadEngine::Op {
   int fixed_buffer = -1;  // the registered slot `range` lies in, if any
 };
 
-namespace {
-
-constexpr uint64_t kWakeTag = 0;   // user_data of the eventfd read
-constexpr uint64_t kTimerTag = 1;  // user_data of the retry timeout
-
-}  // namespace
-
 ReadEngine::ReadEngine(ReadEngineOptions options, Reservoir* reservoir)
     : options_(options), reservoir_(reservoir) {}
 
@@ -40,44 +31,29 @@ absl::StatusOr<std::unique_ptr<ReadEngine>> ReadEngine::Start(
   options.read_bytes = std::clamp<uint64_t>(options.read_bytes / 4096 * 4096,
                                             4096, uint64_t{1} << 30);
   std::unique_ptr<ReadEngine> e(new ReadEngine(options, reservoir));
-  // Blocking: io_uring then waits for the counter (a non-blocking eventfd
-  // would complete the read at once with EAGAIN and the loop would spin).
-  // The pread fallback polls it before reading.
+  // Polled by the loop, then read (the counter is non-zero by then).
   const int efd = ::eventfd(0, EFD_CLOEXEC);
   if (efd < 0) return ErrnoToStatus(errno, "eventfd for the read engine");
   e->event_fd_.Reset(efd);
-  // One entry more than the reads: the eventfd read that wakes the loop.
-  absl::StatusOr<UringRing> ring = UringRing::Create(options.queue_depth + 1);
-  if (!ring.ok()) {
-    LogWarning("read engine: io_uring unavailable (", ring.status().message(),
-               "); falling back to pread on the engine thread");
-  } else {
-    e->ring_ = std::move(*ring);
-    if (options.register_buffers && reservoir != nullptr) {
-      std::vector<struct iovec> iov(
-          static_cast<size_t>(reservoir->num_slots()));
-      for (size_t i = 0; i < iov.size(); ++i) {
-        iov[i].iov_base = reservoir->slot_data(static_cast<int32_t>(i));
-        iov[i].iov_len = reservoir->slot_bytes();
-      }
-      absl::Status reg = e->ring_->RegisterBuffers(iov);
-      if (!reg.ok()) {
-        LogWarning("read engine: cannot register the reservoir's slots (",
-                   reg.message(), "; RLIMIT_MEMLOCK?); reading without them");
-      } else {
-        e->buffers_registered_ = true;
-        reservoir->SetPinned();
-      }
+  e->loop_ = RingLoop::Create(options.queue_depth, "the shared scans' reads");
+  if (e->loop_->uses_uring() && options.register_buffers &&
+      reservoir != nullptr) {
+    std::vector<struct iovec> iov(static_cast<size_t>(reservoir->num_slots()));
+    for (size_t i = 0; i < iov.size(); ++i) {
+      iov[i].iov_base = reservoir->slot_data(static_cast<int32_t>(i));
+      iov[i].iov_len = reservoir->slot_bytes();
+    }
+    absl::Status reg = e->loop_->RegisterBuffers(iov);
+    if (!reg.ok()) {
+      LogWarning("read engine: cannot register the reservoir's slots (",
+                 reg.message(), "; RLIMIT_MEMLOCK?); reading without them");
+    } else {
+      e->buffers_registered_ = true;
+      reservoir->SetPinned();
     }
   }
   ReadEngine* raw = e.get();
-  e->thread_ = std::thread([raw] {
-    if (raw->ring_.has_value()) {
-      raw->Loop();
-    } else {
-      raw->LoopPread();
-    }
-  });
+  e->thread_ = std::thread([raw] { raw->Loop(); });
   return e;
 }
 
@@ -195,132 +171,72 @@ void ReadEngine::Finish(BlockRead* r) {
   source->ReadDone(std::move(read), std::move(status));
 }
 
-void ReadEngine::Loop() {
-  UringRing& ring = *ring_;
-  const ReadOp wake_read{event_fd_.get(), 0, sizeof(wake_value_), &wake_value_,
-                         nullptr};
-  bool wake_armed = false;
-  bool timer_armed = false;
-  BlockSource::Clock::time_point timer_at;
-  struct __kernel_timespec timer_ts = {};
-  std::deque<Op*> queued;  // planned, not yet submitted (or to resubmit)
-  size_t in_flight = 0;    // reads only
-  const size_t depth = options_.queue_depth;
+void ReadEngine::ArmWake() {
+  wake_armed_ = true;
+  loop_->Poll(event_fd_.get(), POLLIN, [this](int) {
+    uint64_t v;
+    ssize_t n = ::read(event_fd_.get(), &v, sizeof(v));
+    (void)n;  // readable: the counter is reset, whatever it was
+    wake_armed_ = false;
+  });
+}
 
-  auto drop_queued = [&] {
-    while (!queued.empty()) {
-      Op* op = queued.front();
-      queued.pop_front();
-      BlockRead* r = op->read;
-      if (r->status.ok()) r->status = absl::CancelledError("daemon stopping");
-      delete op;
-      if (--r->ops_left == 0) Finish(r);
+void ReadEngine::Submit(Op* op) {
+  loop_->Read(
+      op->range, op->done, [this, op](int res) { OnRead(op, res); },
+      op->fixed_buffer);
+}
+
+void ReadEngine::OnRead(Op* op, int res) {
+  BlockRead* r = op->read;
+  const size_t before = op->done;
+  absl::Status error;
+  ReadStep step = ApplyReadResult(op->range, res, &op->done, &error);
+  r->bytes += op->done - before;
+  if (step == ReadStep::kContinue) {
+    if (!stop_.load()) {
+      Submit(op);  // the rest of a short read, or EAGAIN
+      return;
     }
-  };
+    step = ReadStep::kFailed;
+    error = absl::CancelledError("daemon stopping");
+  }
+  if (step == ReadStep::kFailed && r->status.ok()) r->status = error;
+  delete op;
+  if (--r->ops_left == 0) Finish(r);
+}
 
+void ReadEngine::Loop() {
+  const size_t depth = options_.queue_depth;
+  bool cancelled = false;
   while (true) {
     if (stop_.load()) {
-      drop_queued();  // what never reached the ring is handed back now
-      if (in_flight == 0) break;
+      // What never reached the disk is handed back now; the reads on it
+      // complete first.
+      if (!cancelled) loop_->CancelWaiting();
+      cancelled = true;
+      if (loop_->reads_pending() == 0) break;
     }
-    if (!wake_armed) wake_armed = ring.PrepareRead(wake_read, 0, kWakeTag);
+    if (!wake_armed_) ArmWake();
     TakeSourceChanges();
-    if (!stop_.load() && in_flight + queued.size() < depth) {
+    if (!stop_.load() && loop_->reads_pending() < depth) {
       std::vector<Op*> planned;
       BlockSource::Clock::time_point retry_at;
-      Plan(depth - in_flight - queued.size(), &planned, &retry_at);
-      queued.insert(queued.end(), planned.begin(), planned.end());
+      Plan(depth - loop_->reads_pending(), &planned, &retry_at);
+      for (Op* op : planned) Submit(op);
       // A source waits for a time (a new scan gathering its clients): wake
       // up then, unless a timer for an earlier time is already armed.
       if (retry_at != BlockSource::Clock::time_point() &&
-          (!timer_armed || retry_at < timer_at)) {
+          (!timer_armed_ || retry_at < timer_at_)) {
         const auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(
             retry_at - BlockSource::Clock::now());
-        const int64_t ns = std::max<int64_t>(wait.count(), 1000);
-        timer_ts.tv_sec = ns / 1000000000;
-        timer_ts.tv_nsec = ns % 1000000000;
-        if (ring.PrepareTimeout(&timer_ts, kTimerTag)) {
-          timer_armed = true;  // a later one fires too; it just replans
-          timer_at = retry_at;
-        }
+        timer_armed_ = true;  // a later one fires too; it just replans
+        timer_at_ = retry_at;
+        loop_->Timeout(std::max<int64_t>(wait.count(), 1000),
+                       [this](int) { timer_armed_ = false; });
       }
     }
-    while (!queued.empty() && in_flight < depth) {
-      Op* op = queued.front();
-      if (!ring.PrepareRead(op->range, op->done, reinterpret_cast<uint64_t>(op),
-                            op->fixed_buffer)) {
-        break;
-      }
-      queued.pop_front();
-      ++in_flight;
-    }
-    const int rc = ring.SubmitAndWait(1);
-    if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
-      LogError("read engine: io_uring_submit_and_wait: ", std::strerror(-rc));
-    }
-    ring.ForEachCompletion([&](uint64_t tag, int res) {
-      if (tag == kWakeTag) {
-        wake_armed = false;  // re-armed at the top of the loop
-        return;
-      }
-      if (tag == kTimerTag) {
-        timer_armed = false;
-        return;
-      }
-      Op* op = reinterpret_cast<Op*>(tag);
-      --in_flight;
-      BlockRead* r = op->read;
-      const size_t before = op->done;
-      absl::Status error;
-      const ReadStep step = ApplyReadResult(op->range, res, &op->done, &error);
-      r->bytes += op->done - before;
-      if (step == ReadStep::kContinue) {
-        queued.push_front(op);  // the rest of a short read, or EAGAIN
-        return;
-      }
-      if (step == ReadStep::kFailed && r->status.ok()) r->status = error;
-      delete op;
-      if (--r->ops_left == 0) Finish(r);
-    });
-  }
-  sources_.clear();
-}
-
-void ReadEngine::LoopPread() {
-  while (!stop_.load()) {
-    TakeSourceChanges();
-    std::vector<Op*> ops;
-    BlockSource::Clock::time_point retry_at;
-    Plan(options_.queue_depth, &ops, &retry_at);
-    for (Op* op : ops) {
-      BlockRead* r = op->read;
-      if (r->status.ok()) {
-        const ReadOp& range = op->range;
-        absl::Status st =
-            PreadFull(range.fd, range.dest, range.length, range.offset,
-                      range.path != nullptr ? *range.path : "file");
-        if (st.ok()) r->bytes += range.length;
-        r->status = st;
-      }
-      delete op;
-      if (--r->ops_left == 0) Finish(r);
-    }
-    if (ops.empty()) {
-      int timeout_ms = -1;
-      if (retry_at != BlockSource::Clock::time_point()) {
-        timeout_ms = static_cast<int>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(
-                retry_at - BlockSource::Clock::now())
-                .count() +
-            1);
-        timeout_ms = std::max(timeout_ms, 0);
-      }
-      struct pollfd p = {event_fd_.get(), POLLIN, 0};
-      if (::poll(&p, 1, timeout_ms) <= 0) continue;
-      uint64_t v;
-      ssize_t n = ::read(event_fd_.get(), &v, sizeof(v));
-      (void)n;
-    }
+    loop_->RunOnce();
   }
   sources_.clear();
 }

@@ -1,5 +1,5 @@
-// The read engine: one thread driving one io_uring that reads blocks for
-// every shared scan of the daemon. Scans are BlockSources: the engine asks
+// The read engine: one thread driving one ring loop (server/io/ring_loop.h)
+// that reads blocks for every shared scan of the daemon. Scans are BlockSources: the engine asks
 // each, round robin, for its next block whenever the ring has room, splits
 // the block into reads of at most `read_bytes`, keeps up to `queue_depth` of
 // them in flight, and hands each finished block back to its source. Nothing
@@ -10,9 +10,9 @@
 // view of its clients.
 //
 // Wake-ups (a client freed a slot, joined, left, armed a new epoch) come
-// through an eventfd that the ring itself reads, so one io_uring_wait_cqe
-// sleeps on both the disk and the clients. Without io_uring (old kernel,
-// seccomp) the engine falls back to pread on the same thread.
+// through an eventfd the loop polls, so one wait sleeps on both the disk and
+// the clients. Without io_uring (old kernel, seccomp) the same loop runs on
+// poll and pread.
 #ifndef SHARDCAST_SERVER_ENGINE_READ_ENGINE_H_
 #define SHARDCAST_SERVER_ENGINE_READ_ENGINE_H_
 
@@ -31,6 +31,7 @@
 #include "common/base/mutex.h"
 #include "server/engine/reservoir.h"
 #include "server/io/mapped_file.h"
+#include "server/io/ring_loop.h"
 #include "server/io/uring.h"
 
 namespace shardcast {
@@ -113,7 +114,7 @@ class ReadEngine {
   /// thread, with any locks held.
   void Wake();
 
-  bool uses_uring() const { return ring_.has_value(); }
+  bool uses_uring() const { return loop_->uses_uring(); }
   bool buffers_registered() const { return buffers_registered_; }
   const ReadEngineOptions& options() const { return options_; }
   uint64_t bytes_read() const { return bytes_read_.load(); }
@@ -123,7 +124,10 @@ class ReadEngine {
   struct Op;
   ReadEngine(ReadEngineOptions options, Reservoir* reservoir);
   void Loop();
-  void LoopPread();
+  // Hands `op` to the ring loop; OnRead gets its result.
+  void Submit(Op* op);
+  void OnRead(Op* op, int res);
+  void ArmWake();
   void TakeSourceChanges() ABSL_LOCKS_EXCLUDED(mu_);
   /// Asks sources for blocks until `budget` ops are planned; appends ops.
   /// Sets `*retry_at` to the earliest time an idle source will be ready
@@ -134,10 +138,7 @@ class ReadEngine {
 
   const ReadEngineOptions options_;
   Reservoir* const reservoir_;
-  // The ring's eventfd read lands here; declared before ring_ so that it
-  // outlives the ring (which may still hold that read when it is torn down).
-  uint64_t wake_value_ = 0;
-  std::optional<UringRing> ring_;
+  std::unique_ptr<RingLoop> loop_;
   bool buffers_registered_ = false;
   UniqueFd event_fd_;
   std::thread thread_;
@@ -156,6 +157,9 @@ class ReadEngine {
   // Engine thread only.
   std::vector<std::shared_ptr<BlockSource>> sources_;
   size_t next_source_ = 0;
+  bool wake_armed_ = false;   // the eventfd's poll is in the loop
+  bool timer_armed_ = false;  // a retry timeout is in the loop
+  BlockSource::Clock::time_point timer_at_;
 };
 
 }  // namespace shardcast

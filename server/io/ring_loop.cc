@@ -1,13 +1,16 @@
 #include "server/io/ring_loop.h"
 
+#include <linux/time_types.h>
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/log.h"
 
 namespace shardcast {
@@ -20,8 +23,12 @@ struct RingLoop::Op {
   bool is_read = false;
   ReadOp read;
   size_t done_bytes = 0;
-  int fd = -1;  // a poll's
+  int fixed_buffer = -1;  // a read's registered buffer
+  int fd = -1;            // a poll's
   unsigned events = 0;
+  bool is_timeout = false;
+  struct __kernel_timespec ts = {};  // a timeout's, while in the ring
+  absl::Time deadline;               // a timeout's, without io_uring
   Done done;
 };
 
@@ -51,13 +58,15 @@ RingLoop::Op* RingLoop::Unlink(Op* op) {
   return op;
 }
 
-std::unique_ptr<RingLoop> RingLoop::Create(unsigned queue_depth) {
-  absl::StatusOr<UringRing> ring = UringRing::Create(queue_depth);
+std::unique_ptr<RingLoop> RingLoop::Create(unsigned queue_depth,
+                                           const char* who) {
+  // Room for the polls and timeouts beside the reads.
+  absl::StatusOr<UringRing> ring = UringRing::Create(queue_depth + 8);
   if (!ring.ok()) {
     static std::atomic<bool> logged{false};
     if (!logged.exchange(true)) {
-      LogWarning("no io_uring (", ring.status().message(),
-                 "): local clients are served with poll and pread");
+      LogWarning("io_uring unavailable (", ring.status().message(), "): ", who,
+                 " are served with poll and pread");
     }
     return std::unique_ptr<RingLoop>(new RingLoop(std::nullopt, queue_depth));
   }
@@ -87,11 +96,13 @@ void RingLoop::Poll(int fd, unsigned events, Done done) {
   });
 }
 
-void RingLoop::Read(const ReadOp& read, size_t done_bytes, Done done) {
+void RingLoop::Read(const ReadOp& read, size_t done_bytes, Done done,
+                    int fixed_buffer) {
   Op* op = Link(new Op);
   op->is_read = true;
   op->read = read;
   op->done_bytes = done_bytes;
+  op->fixed_buffer = ring_.has_value() ? fixed_buffer : -1;
   op->done = std::move(done);
   if (reads_in_flight_ >= depth_ || !ring_.has_value()) {
     waiting_.push_back(op);
@@ -103,9 +114,44 @@ void RingLoop::Read(const ReadOp& read, size_t done_bytes, Done done) {
 void RingLoop::SubmitRead(Op* op) {
   Queue([&] {
     return ring_->PrepareRead(op->read, op->done_bytes,
-                              reinterpret_cast<uint64_t>(op));
+                              reinterpret_cast<uint64_t>(op), op->fixed_buffer);
   });
   ++reads_in_flight_;
+}
+
+void RingLoop::Timeout(int64_t ns, Done done) {
+  Op* op = Link(new Op);
+  op->is_timeout = true;
+  op->done = std::move(done);
+  ns = std::max<int64_t>(ns, 0);
+  if (!ring_.has_value()) {
+    op->deadline = absl::Now() + absl::Nanoseconds(ns);
+    timers_.push_back(op);
+    return;
+  }
+  op->ts.tv_sec = ns / 1000000000;
+  op->ts.tv_nsec = ns % 1000000000;
+  Queue([&] {
+    return ring_->PrepareTimeout(&op->ts, reinterpret_cast<uint64_t>(op));
+  });
+}
+
+void RingLoop::CancelWaiting() {
+  std::deque<Op*> cancelled;
+  cancelled.swap(waiting_);
+  for (Op* op : cancelled) {
+    std::unique_ptr<Op> owned(Unlink(op));
+    owned->done(-ECANCELED);
+  }
+}
+
+absl::Status RingLoop::RegisterBuffers(
+    const std::vector<struct iovec>& buffers) {
+  if (!ring_.has_value()) {
+    return absl::FailedPreconditionError(
+        "no io_uring to register buffers with");
+  }
+  return ring_->RegisterBuffers(buffers);
 }
 
 bool RingLoop::RunOnce(int64_t spin_ns) {
@@ -165,15 +211,42 @@ bool RingLoop::RunOncePoll() {
     } while (n < 0 && errno == EINTR);
     done_.emplace_back(op, n < 0 ? -errno : static_cast<int>(n));
   }
-  if (polls_.empty() && done_.empty()) return true;  // nothing to wait for
+  // Timeouts due (now, and after the wait below); `next` is the earliest
+  // of the others.
+  absl::Time next;
+  const auto take_due = [&](absl::Time now) {
+    next = absl::InfiniteFuture();
+    std::vector<Op*> kept;
+    for (Op* op : timers_) {
+      if (op->deadline <= now) {
+        done_.emplace_back(op, -ETIME);
+      } else {
+        next = std::min(next, op->deadline);
+        kept.push_back(op);
+      }
+    }
+    timers_.swap(kept);
+  };
+  const absl::Time now = absl::Now();
+  take_due(now);
+  if (polls_.empty() && done_.empty() && timers_.empty()) {
+    return true;  // nothing to wait for
+  }
   std::vector<struct pollfd> fds;
   fds.reserve(polls_.size());
   for (const Op* op : polls_) {
     fds.push_back({op->fd, static_cast<short>(op->events), 0});
   }
   bool ok = true;
-  if (!fds.empty() || done_.empty()) {
-    const int rc = ::poll(fds.data(), fds.size(), done_.empty() ? -1 : 0);
+  {
+    int timeout_ms = -1;  // until a poll fires, or the next timeout
+    if (!done_.empty()) {
+      timeout_ms = 0;
+    } else if (next != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(
+          absl::Ceil(next - now, absl::Milliseconds(1))));
+    }
+    const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
     if (rc < 0 && errno != EINTR) {
       LogError("poll: ", std::strerror(errno));
       ok = false;
@@ -189,6 +262,7 @@ bool RingLoop::RunOncePoll() {
       }
       polls_.swap(kept);
     }
+    if (!timers_.empty()) take_due(absl::Now());
   }
   RunCallbacks();
   return ok;

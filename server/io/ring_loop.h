@@ -1,7 +1,9 @@
-// One thread's event loop over the io layer: reads and polls, each with a
-// completion callback. The local channel (server/transport/local/) serves
-// its connections from one loop per thread: it polls sockets and reads the
-// vectors of calls through the loop and never touches the ring itself.
+// One thread's event loop over the io layer: reads, polls and timeouts, each
+// with a completion callback. The read engine of the shared scans
+// (server/engine/read_engine.h) runs on one; the local channel
+// (server/transport/local/) serves its connections from one per thread: it
+// polls sockets and reads the vectors of calls through the loop. Neither
+// touches a ring itself.
 //
 // With io_uring, every read and poll is an entry on one ring, so the reads
 // of all requests in service are on the disk together. Without io_uring
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "server/io/uring.h"
 
 namespace shardcast {
@@ -31,10 +34,11 @@ class RingLoop {
   /// it (bytes, or a negative errno), a poll's events (or a negative errno).
   using Done = absl::AnyInvocable<void(int res)>;
 
-  /// A loop whose ring has `queue_depth` entries: at most that many reads
-  /// are in flight, more wait their turn. Never fails: without io_uring it
-  /// runs on poll and pread (uses_uring() is false; logged once).
-  static std::unique_ptr<RingLoop> Create(unsigned queue_depth);
+  /// A loop of at most `queue_depth` reads in flight (more wait their
+  /// turn). Never fails: without io_uring it runs on poll and pread
+  /// (uses_uring() is false; logged once, naming `who`).
+  static std::unique_ptr<RingLoop> Create(unsigned queue_depth,
+                                          const char* who = "local clients");
   /// The loop a kernel without io_uring gets (for tests of that road).
   static std::unique_ptr<RingLoop> CreateWithoutUring(unsigned queue_depth);
   ~RingLoop();
@@ -44,8 +48,21 @@ class RingLoop {
   /// Calls `done` once, when `fd` has one of `events` (POLLIN...).
   void Poll(int fd, unsigned events, Done done);
   /// Reads what is left of `op` after `done_bytes`, then calls `done`.
-  /// `op`'s destination must stay valid until then.
-  void Read(const ReadOp& op, size_t done_bytes, Done done);
+  /// `op`'s destination must stay valid until then; with `fixed_buffer` >= 0
+  /// it lies in that registered buffer (RegisterBuffers).
+  void Read(const ReadOp& op, size_t done_bytes, Done done,
+            int fixed_buffer = -1);
+  /// Calls `done` once `ns` nanoseconds have passed (its result is then
+  /// -ETIME).
+  void Timeout(int64_t ns, Done done);
+  /// Completes every read not yet handed to the kernel at once, with
+  /// -ECANCELED (their callbacks run now, on this thread): a loop's owner
+  /// that stops waits only for the reads already on the disk.
+  void CancelWaiting();
+  /// Registers `buffers` with the ring so that reads into them skip the
+  /// kernel's page pinning per read. The errno's code (RLIMIT_MEMLOCK...);
+  /// FAILED_PRECONDITION without io_uring.
+  absl::Status RegisterBuffers(const std::vector<struct iovec>& buffers);
   /// Submits what is queued, waits until something completes (first
   /// checking for up to `spin_ns` without sleeping, when reads are in
   /// flight), and runs the callbacks of everything complete. False when the
@@ -75,6 +92,7 @@ class RingLoop {
   size_t reads_in_flight_ = 0;
   std::deque<Op*> waiting_;                // reads past the queue depth
   std::vector<Op*> polls_;                 // without io_uring: the polls armed
+  std::vector<Op*> timers_;                // without io_uring: the timeouts
   std::vector<std::pair<Op*, int>> done_;  // completions of one RunOnce
   Op* open_ = nullptr;  // every operation not completed, linked
 };

@@ -7,6 +7,9 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -137,6 +140,41 @@ TEST_P(RingLoopTest, CallbacksMayQueueMoreWork) {
   }
   EXPECT_EQ(completed, 8);
   EXPECT_EQ(0, std::memcmp(buf.data(), bytes_.data(), buf.size()));
+}
+
+TEST_P(RingLoopTest, ATimeoutFiresOnceAfterItsTime) {
+  auto loop = MakeLoop(8);
+  const auto start = std::chrono::steady_clock::now();
+  int fired = 0, res = 0;
+  loop->Timeout(20'000'000, [&](int r) {  // 20 ms
+    fired++;
+    res = r;
+  });
+  while (fired == 0) ASSERT_TRUE(loop->RunOnce());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(19));
+  EXPECT_EQ(fired, 1);
+  EXPECT_EQ(res, -ETIME);
+}
+
+// Stopping: reads not yet handed to the kernel (past the depth) complete
+// at once with -ECANCELED; those on the disk complete as usual.
+TEST_P(RingLoopTest, CancelWaitingEndsTheReadsPastTheDepthAtOnce) {
+  auto loop = MakeLoop(2);
+  std::vector<char> buf(4096 * 6);
+  std::vector<int> results(6, -1000);
+  for (int i = 0; i < 6; ++i) {
+    loop->Read(
+        {fd_.get(), uint64_t{4096} * i, 4096, buf.data() + 4096 * i, &path_}, 0,
+        [&, i](int res) { results[i] = res; });
+  }
+  loop->CancelWaiting();
+  // With io_uring two are in flight and four were waiting; without it all
+  // six were waiting (reads run inside RunOnce).
+  const int cancelled = GetParam() ? 4 : 6;
+  EXPECT_EQ(std::count(results.begin(), results.end(), -ECANCELED), cancelled);
+  while (loop->reads_pending() > 0) ASSERT_TRUE(loop->RunOnce());
+  EXPECT_EQ(std::count(results.begin(), results.end(), 4096), 6 - cancelled);
 }
 
 // A loop's owner may stop with polls armed (idle connections): destroying
