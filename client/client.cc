@@ -16,11 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/call_combiner_internal.h"
 #include "client/local_queries_internal.h"
-#include "client/query_session_internal.h"
 #include "client/shared_memory_internal.h"
-#include "client/vector_rows_internal.h"
+#include "client/vectors_path_internal.h"
 #include "common/base/file.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
@@ -46,31 +44,6 @@ template <typename T>
 absl::Span<const T> View(const std::string& bytes) {
   return absl::Span<const T>(reinterpret_cast<const T*>(bytes.data()),
                              bytes.size() / sizeof(T));
-}
-
-// Wraps a Vectors (or SessionReply) reply, which the block then owns, as a
-// VectorBlock; DATA_LOSS when its shape does not describe its payload.
-template <typename Reply>
-absl::StatusOr<VectorBlock> ToBlock(std::shared_ptr<Reply> reply) {
-  VectorBlock block;
-  block.shape.assign(reply->shape().begin(), reply->shape().end());
-  uint64_t count = 1;
-  bool valid = true;
-  for (int64_t s : block.shape) {
-    valid = valid && s >= 0 &&
-            !__builtin_mul_overflow(count, static_cast<uint64_t>(s), &count);
-  }
-  const uint64_t bytes = reply->data().size();
-  if (!valid || count > bytes / sizeof(float) ||
-      count * sizeof(float) != bytes) {
-    return absl::DataLossError(absl::StrCat(
-        "reply shape [", absl::StrJoin(block.shape, ", "), "] holds ",
-        valid ? absl::StrCat(count) : std::string("an invalid number of"),
-        " floats but carries ", bytes, " bytes"));
-  }
-  block.values = View<float>(reply->data());
-  block.storage = std::move(reply);
-  return block;
 }
 
 DatasetDescription FromProto(const v1::DatasetInfo& d) {
@@ -429,81 +402,7 @@ struct Client::Impl {
         channel(std::move(c)),
         admin(v1::Admin::NewStub(channel)),
         query(v1::Query::NewStub(channel)),
-        stream(v1::Stream::NewStub(channel)),
-        vectors(
-            [this](const std::string& dataset,
-                   const std::vector<VectorCoord>& coords) {
-              return CallGetVectors(dataset, coords);
-            },
-            options.query_calls_in_flight, kMaxCombinedVectors) {}
-
-  // One GetVectors (or StreamVectors) call on the calling thread.
-  absl::StatusOr<VectorBlock> CallGetVectors(
-      const std::string& dataset, const std::vector<VectorCoord>& coords) {
-    v1::GetVectorsRequest req;
-    req.set_dataset(dataset);
-    for (const VectorCoord& c : coords) {
-      v1::Coordinate* p = req.add_coordinates();
-      p->set_example(c.example);
-      p->set_layer(c.layer);
-      p->set_token(c.token);
-    }
-    const int64_t n = static_cast<int64_t>(coords.size());
-    const bool large =
-        options.stream_vectors_from > 0 && n >= options.stream_vectors_from;
-    if (large && !no_stream_vectors.load(std::memory_order_relaxed)) {
-      std::optional<absl::StatusOr<VectorBlock>> streamed =
-          CallStreamVectors(req, n);
-      if (streamed.has_value()) return std::move(*streamed);
-      no_stream_vectors.store(true, std::memory_order_relaxed);
-    }
-    if (!large && options.query_session) {
-      std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>>
-          reply = session.Call(req);
-      if (reply.has_value()) {
-        if (!reply->ok()) return reply->status();
-        return ToBlock(std::move(**reply));
-      }
-    }
-    grpc::ClientContext ctx;
-    auto resp = std::make_shared<v1::Vectors>();
-    RETURN_IF_ERROR(FromGrpcStatus(query->GetVectors(&ctx, req, resp.get())));
-    return ToBlock(std::move(resp));
-  }
-
-  // StreamVectors: the parts put together (vector_rows.h). nullopt when
-  // the daemon does not know the method (an older one).
-  std::optional<absl::StatusOr<VectorBlock>> CallStreamVectors(
-      const v1::GetVectorsRequest& req, int64_t n) {
-    grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReader<v1::VectorRows>> reader =
-        query->StreamVectors(&ctx, req);
-    internal_client::RowAssembler rows(n, kMaxMessageBytes);
-    auto part = std::make_shared<v1::VectorRows>();
-    absl::Status bad;
-    bool any = false;
-    while (reader->Read(part.get())) {
-      any = true;
-      if (!bad.ok()) continue;  // draining after a cancel
-      // A part of every row in order (the reads were all done at once) is
-      // viewed where it is; the others are copied into place.
-      bad = rows.Add(part->shape(), part->rows(), part->data(), part);
-      if (!bad.ok()) ctx.TryCancel();
-      part = std::make_shared<v1::VectorRows>();
-    }
-    const grpc::Status st = reader->Finish();
-    if (!bad.ok()) return bad;
-    if (!any && st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-      return std::nullopt;
-    }
-    if (!st.ok()) return FromGrpcStatus(st);
-    return rows.Finish();
-  }
-
-  // Requests queued together go out as one call of at most this many
-  // vectors (4 MiB at d_model 1024; one that would exceed the daemon's
-  // reply limit fails and its requests are sent again alone).
-  static constexpr int64_t kMaxCombinedVectors = 1024;
+        stream(v1::Stream::NewStub(channel)) {}
 
   const std::string address;
   const ClientOptions options;
@@ -511,12 +410,8 @@ struct Client::Impl {
   std::unique_ptr<v1::Admin::Stub> admin;
   std::unique_ptr<v1::Query::Stub> query;
   std::unique_ptr<v1::Stream::Stub> stream;
-  internal_client::QuerySession session{query.get()};  // small GetVectors
-  internal_client::CallCombiner vectors;               // GetVectors calls
-  // GetVectors on the local channel; null: over gRPC.
-  std::unique_ptr<internal_client::LocalQueries> local_queries;
-  // The daemon answered StreamVectors with UNIMPLEMENTED: unary from then on.
-  std::atomic<bool> no_stream_vectors{false};
+  // GetVectors' one road, chosen at Connect (vectors_path_internal.h).
+  std::unique_ptr<internal_client::VectorsPath> vectors;
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -729,11 +624,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      " s (is it running? right address/TLS?)"));
   }
   auto impl = std::make_unique<Impl>(std::move(channel), address, options);
+  impl->vectors = internal_client::NewSessionPath(
+      impl->query.get(), options.query_calls_in_flight);
   const std::string local = internal_client::LocalChannelPath(address);
   if (options.local_queries && !local.empty()) {
     // Null when the daemon serves no queries on a local channel.
-    impl->local_queries = internal_client::LocalQueries::Open(
-        local, options.connect_timeout_seconds, options.local_direct_reads);
+    std::unique_ptr<internal_client::LocalQueries> queries =
+        internal_client::LocalQueries::Open(
+            local, options.connect_timeout_seconds, options.local_direct_reads);
+    if (queries != nullptr) {
+      impl->vectors = internal_client::NewLocalPath(std::move(queries),
+                                                    std::move(impl->vectors));
+    }
   }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -789,12 +691,7 @@ absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
 
 absl::StatusOr<VectorBlock> Client::GetVectors(
     const std::string& dataset, const std::vector<VectorCoord>& coords) {
-  if (impl_->local_queries != nullptr) {
-    std::optional<absl::StatusOr<VectorBlock>> local =
-        impl_->local_queries->GetVectors(dataset, coords);
-    if (local.has_value()) return std::move(*local);
-  }
-  return impl_->vectors.GetVectors(dataset, coords);
+  return impl_->vectors->GetVectors(dataset, coords);
 }
 
 absl::StatusOr<VectorBlock> Client::GetExample(const std::string& dataset,
@@ -808,7 +705,7 @@ absl::StatusOr<VectorBlock> Client::GetExample(const std::string& dataset,
   auto resp = std::make_shared<v1::Vectors>();
   RETURN_IF_ERROR(
       FromGrpcStatus(impl_->query->GetExample(&ctx, req, resp.get())));
-  return ToBlock(std::move(resp));
+  return internal_client::ToBlock(std::move(resp));
 }
 
 absl::StatusOr<std::string> Client::GetLabels(const std::string& dataset,

@@ -24,30 +24,27 @@ QuerySession::~QuerySession() {
   s->finished = true;
 }
 
-std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>>
-QuerySession::Call(const v1::GetVectorsRequest& request) {
+absl::StatusOr<std::shared_ptr<const v1::SessionReply>> QuerySession::Call(
+    const v1::GetVectorsRequest& request) {
   bool stream_failed = false;
   auto reply = CallOnce(request, &stream_failed);
   if (stream_failed) reply = CallOnce(request, &stream_failed);
   return reply;
 }
 
-std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>>
-QuerySession::CallOnce(const v1::GetVectorsRequest& request,
-                       bool* stream_failed) {
+absl::StatusOr<std::shared_ptr<const v1::SessionReply>> QuerySession::CallOnce(
+    const v1::GetVectorsRequest& request, bool* stream_failed) {
   Pending mine;
   std::shared_ptr<Stream> s;
   v1::SessionRequest message;
   {
     MutexLock lock(&mu_);
-    // Not while a broken session is being finished: its status may say
-    // the daemon has no sessions at all (unsupported_), and then none
-    // should be opened again.
+    // Not while a broken session is being finished (its requests are
+    // handed their status first).
     slot_free_.Wait(&mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return outstanding_ < kMaxOutstanding &&
              (stream_ == nullptr || !stream_->dead);
     });
-    if (unsupported_) return std::nullopt;
     if (stream_ == nullptr) {
       stream_ = std::make_shared<Stream>();
       stream_->rw = stub_->VectorsSession(&stream_->ctx);
@@ -76,7 +73,6 @@ QuerySession::CallOnce(const v1::GetVectorsRequest& request,
       });
     }
   }
-  if (mine.unsupported) return std::nullopt;
   *stream_failed = mine.stream_failed;
   return std::move(mine.reply);
 }
@@ -92,7 +88,6 @@ void QuerySession::ReadUntilDone(const std::shared_ptr<Stream>& s,
       EndStream(s);  // done for every request on s, mine included
       break;
     }
-    s->any_reply = true;
     auto it = s->pending.find(reply->id());
     if (it == s->pending.end()) continue;  // not asked: ignored
     Pending* p = it->second;
@@ -125,9 +120,6 @@ void QuerySession::EndStream(const std::shared_ptr<Stream>& s) {
     s->finished = true;
   }
   mu_.Lock();
-  const bool unsupported =
-      !s->any_reply && status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
-  if (unsupported) unsupported_ = true;
   if (stream_ == s) stream_.reset();
   absl::Status error = FromGrpcStatus(status);
   if (error.ok()) {
@@ -137,7 +129,6 @@ void QuerySession::EndStream(const std::shared_ptr<Stream>& s) {
   for (auto& [id, p] : s->pending) {
     p->done = true;
     p->stream_failed = true;
-    p->unsupported = unsupported;
     p->reply = error;
     p->cv.Signal();
   }

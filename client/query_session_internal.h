@@ -14,15 +14,12 @@
 // The session opens on the first call. When it breaks (the daemon restarted
 // or shut down, the connection dropped), each request waiting on it is sent
 // once more on a new one (a GetVectors can be repeated: it only reads), and
-// gets that one's status if it breaks too. A daemon without
-// VectorsSession (older) answers UNIMPLEMENTED: Call then returns nullopt,
-// now and from then on, and the caller sends unary calls.
+// gets that one's status if it breaks too.
 #ifndef SHARDCAST_CLIENT_QUERY_SESSION_INTERNAL_H_
 #define SHARDCAST_CLIENT_QUERY_SESSION_INTERNAL_H_
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -46,16 +43,15 @@ class QuerySession {
   ~QuerySession();
 
   /// The daemon's reply to `request` (its vectors, or its own error as the
-  /// status); nullopt when the daemon has no VectorsSession. Blocking;
+  /// status; the call's status when the session broke twice). Blocking;
   /// thread-safe.
-  std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>> Call(
+  absl::StatusOr<std::shared_ptr<const v1::SessionReply>> Call(
       const v1::GetVectorsRequest& request);
 
  private:
   struct Pending {
     bool done = false;
     bool stream_failed = false;  // the call broke, not the request
-    bool unsupported = false;    // the daemon has no VectorsSession
     absl::StatusOr<std::shared_ptr<const v1::SessionReply>> reply;
     CondVar cv;  // done, or this caller's turn to read
   };
@@ -71,12 +67,11 @@ class QuerySession {
     absl::flat_hash_map<uint64_t, Pending*> pending;
     bool reader_active = false;  // a caller is in Read
     bool dead = false;           // Read failed: no new requests
-    bool any_reply = false;      // the daemon knows the method
   };
 
   // One try of Call on the open session (opened if none).
-  std::optional<absl::StatusOr<std::shared_ptr<const v1::SessionReply>>>
-  CallOnce(const v1::GetVectorsRequest& request, bool* stream_failed);
+  absl::StatusOr<std::shared_ptr<const v1::SessionReply>> CallOnce(
+      const v1::GetVectorsRequest& request, bool* stream_failed);
   // Reads replies on `s` and hands them out until `mine` is done or the
   // stream ends; entered with mu_ held and s->reader_active set, returns
   // with mu_ held and s->reader_active cleared (another waiter was told
@@ -98,7 +93,6 @@ class QuerySession {
   // every caller gets past its Write and can take its turn to read.
   size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar slot_free_;  // outstanding_ fell
-  bool unsupported_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace internal_client

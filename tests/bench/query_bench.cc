@@ -55,10 +55,6 @@ const std::vector<OptionSpec> kSpecs = {
      "the Client's query_calls_in_flight: calls its threads may have running "
      "before further requests queue and share a call (default: the "
      "library's, 4; 0 = one call per request)"},
-    {"stream-from", "N",
-     "the Client's stream_vectors_from: calls of at least N vectors use "
-     "StreamVectors, parts sent as the reads complete (default: the "
-     "library's, 64; 0 = never)"},
     {"no-local", nullptr,
      "the Client's local_queries off: GetVectors over gRPC even on the "
      "daemon's node (default: the local channel when the daemon has one)"},
@@ -66,9 +62,6 @@ const std::vector<OptionSpec> kSpecs = {
      "the Client's local_direct_reads off: the daemon reads single vectors "
      "too (default: this process reads them with the descriptors the daemon "
      "hands over, when it offers them)"},
-    {"no-session", nullptr,
-     "the Client's query_session off: every call below --stream-from is a "
-     "unary GetVectors (default: messages on one VectorsSession call)"},
     {"warmup-calls", "N", "untimed single calls before timing (default 16)"},
     {"seed", "S", "seed of the random coordinates (default 1)"},
     {"malloc-keep", nullptr,
@@ -336,22 +329,13 @@ int Main(int argc, char** argv) {
     return Usage("--mode must be single, batch or both");
   }
   ClientOptions options;
-  int64_t ints[10];
-  const char* names[10] = {
-      "calls",           "batch",      "batch-calls",  "threads",
-      "seconds",         "seed",       "warmup-calls", "verify-synth-seed",
-      "calls-in-flight", "stream-from"};
-  const int64_t defaults[10] = {20000,
-                                256,
-                                200,
-                                1,
-                                10,
-                                1,
-                                16,
-                                -1,
-                                options.query_calls_in_flight,
-                                options.stream_vectors_from};
-  for (int i = 0; i < 10; ++i) {
+  int64_t ints[9];
+  const char* names[9] = {
+      "calls", "batch",        "batch-calls",       "threads",        "seconds",
+      "seed",  "warmup-calls", "verify-synth-seed", "calls-in-flight"};
+  const int64_t defaults[9] = {
+      20000, 256, 200, 1, 10, 1, 16, -1, options.query_calls_in_flight};
+  for (int i = 0; i < 9; ++i) {
     absl::StatusOr<int64_t> v = args->GetInt(names[i], defaults[i]);
     if (!v.ok()) return Usage(std::string(v.status().message()));
     if (*v < 0 && i != 7)
@@ -374,8 +358,6 @@ int Main(int argc, char** argv) {
   }
 
   options.query_calls_in_flight = static_cast<int>(ints[8]);
-  options.stream_vectors_from = ints[9];
-  options.query_session = !args->Has("no-session");
   options.local_queries = !args->Has("no-local");
   options.local_direct_reads = !args->Has("no-direct");
   absl::StatusOr<std::unique_ptr<Client>> client =
@@ -420,8 +402,6 @@ int Main(int argc, char** argv) {
   out["total_vectors"] = g.total_vectors();
   out["threads"] = threads;
   out["calls_in_flight"] = options.query_calls_in_flight;
-  out["stream_from"] = options.stream_vectors_from;
-  out["query_session"] = options.query_session;
   out["local_queries"] = options.local_queries;
   out["local_direct_reads"] = options.local_direct_reads;
   out["malloc_keep"] = malloc_keep;

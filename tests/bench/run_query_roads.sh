@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
 # The roads one GetVectors can take to the daemon, against each other on one
 # daemon and one dataset (issue 40: a road stays only where it wins by more
-# than the run-to-run spread). The client library's options pick the road
-# (query_bench flags):
-#   remote, single vectors (warm): session (one VectorsSession, the
-#     default, behind the call combiner: up to 4 calls in flight, then
-#     requests queue and share a call), session-inline (no combiner), unary
-#     (GetVectors calls behind the combiner), unary-inline (one GetVectors
-#     call per request);
-#   remote, 256 per call (warm): session, stream (StreamVectors, parts as
-#     the reads complete), unary;
-#   16 client threads of single vectors (warm): the same four;
-#   on the node (warm): the local channel, with and without direct reads;
-#   remote, cold (the shards evicted before each run): 256 per call on
-#     session, stream, unary; single vectors on session, unary.
+# than the run-to-run spread; docs/architecture.md, "Query roads"). The
+# client library's options pick the road (query_bench flags):
+#   remote, single vectors from 1 and 16 threads (warm): session (one
+#     VectorsSession behind the call combiner: up to 4 requests in flight,
+#     then requests queue and share one), session-inline (no combiner);
+#   on the node (warm): the local channel, with and without direct reads.
+# At 5f8efab it also held the roads then retired (unary GetVectors,
+# StreamVectors; cold rows): tests/bench/results/HISTORY.md.
 # Runs go round-robin (the order rotated each round), so the VM's drift
 # falls on every road; prints each run and, per row, the median of the
 # rounds and each road's median ratio to the first road of the row, with
 # the spread (min-max of the per-round ratios).
 #
-#   bash tests/bench/run_query_roads.sh            # ~6 min with ROUNDS=5
+#   bash tests/bench/run_query_roads.sh            # ~3 min with ROUNDS=5
 #
 # Environment: BUILD_DIR (default <repo>/build), BENCH_DIR (default
 # /tmp/shardcast-bench/query-ab: the dataset of run_query_ab.sh, made if
@@ -49,14 +44,10 @@ echo "== $(date -u +%FT%TZ), nproc $(nproc), $(git -C "$REPO" rev-parse --short 
 # is p50_us (lower is better) or calls_per_s (higher is better).
 declare -a ROWS
 R="--no-local"
-ROWS+=("single-1t single p50_us session=$R|session-inline=$R --calls-in-flight 0|unary=$R --no-session|unary-inline=$R --no-session --calls-in-flight 0")
-ROWS+=("batch256 batch p50_us session=$R --stream-from 0|stream=$R --no-session|unary=$R --no-session --stream-from 0")
-ROWS+=("single-16t single calls_per_s session=$R --threads 16|session-inline=$R --threads 16 --calls-in-flight 0|unary=$R --no-session --threads 16|unary-inline=$R --no-session --threads 16 --calls-in-flight 0")
+ROWS+=("single-1t single p50_us session=$R|session-inline=$R --calls-in-flight 0")
+ROWS+=("single-16t single calls_per_s session=$R --threads 16|session-inline=$R --threads 16 --calls-in-flight 0")
 ROWS+=("local-1t single p50_us direct=|daemon=--no-direct")
 ROWS+=("local-16t single calls_per_s direct=--threads 16|daemon=--no-direct --threads 16")
-# Cold rows (the shards evicted before each run) come last in a round.
-ROWS+=("batch256-cold batch p50_us session=$R --stream-from 0|stream=$R --no-session|unary=$R --no-session --stream-from 0")
-ROWS+=("single-1t-cold single p50_us session=$R|unary=$R --no-session")
 
 # run MODE FIELD SEED FLAGS...: one query_bench run; prints FIELD.
 run() {

@@ -36,8 +36,10 @@
 #include "common/local/channel.h"
 #include "common/local/unix_socket.h"
 #include "common/local/vector_layout.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "shardcast/client.h"
+#include "shardcast/v1/shardcast.grpc.pb.h"
 
 namespace shardcast {
 namespace {
@@ -593,12 +595,62 @@ SharedCallsOutcome RunThreadsOfOneClient(
   return {wrong_rows.load(), wrong_results.load()};
 }
 
-// ClientOptions::stream_vectors_from: calls of that many vectors or more go
-// as StreamVectors (parts in completion order, put back together by the
-// library), the others as messages on a VectorsSession call or, with
-// query_session off, as GetVectors; all give the generator's values, and
-// the errors of GetVectors. The daemon's debug log shows which method ran.
-TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
+// A stock client's view of the daemon's query methods: the generated
+// stub on a plain channel to the Unix socket.
+std::unique_ptr<v1::Query::Stub> StockQueryStub(const std::string& socket) {
+  return v1::Query::NewStub(grpc::CreateChannel(
+      "unix:" + socket, grpc::InsecureChannelCredentials()));
+}
+
+v1::GetVectorsRequest VectorsRequest(const std::string& dataset,
+                                     const std::vector<VectorCoord>& coords) {
+  v1::GetVectorsRequest req;
+  req.set_dataset(dataset);
+  for (const VectorCoord& c : coords) {
+    v1::Coordinate* p = req.add_coordinates();
+    p->set_example(c.example);
+    p->set_layer(c.layer);
+    p->set_token(c.token);
+  }
+  return req;
+}
+
+// The parts of a StreamVectors call put back in request order ([N, D]
+// floats), or the call's status.
+absl::StatusOr<std::vector<float>> StreamVectorsByStub(
+    v1::Query::Stub* stub, const v1::GetVectorsRequest& req, int64_t d_model) {
+  grpc::ClientContext ctx;
+  auto reader = stub->StreamVectors(&ctx, req);
+  const size_t n = static_cast<size_t>(req.coordinates_size());
+  std::vector<float> out(n * static_cast<size_t>(d_model), -1.0f);
+  std::vector<int> seen(n, 0);
+  v1::VectorRows part;
+  while (reader->Read(&part)) {
+    for (int i = 0; i < part.rows_size(); ++i) {
+      const size_t row = static_cast<size_t>(part.rows(i));
+      if (row >= n) return absl::DataLossError("a row past the request");
+      seen[row]++;
+      std::memcpy(&out[row * static_cast<size_t>(d_model)],
+                  part.data().data() + i * d_model * sizeof(float),
+                  static_cast<size_t>(d_model) * sizeof(float));
+    }
+  }
+  const grpc::Status st = reader->Finish();
+  if (!st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        st.error_message());
+  }
+  for (int c : seen) {
+    if (c != 1) return absl::DataLossError("a row sent other than once");
+  }
+  return out;
+}
+
+// Every road to the daemon's vectors gives the generator's values and the
+// same errors: the client library's (the session, local channel off) and a
+// stock client's GetVectors and StreamVectors (which the daemon serves for
+// them; the client library takes the session only).
+TEST_F(DaemonTest, EveryQueryMethodGivesTheGeneratorsValues) {
   daemon_ = StartDaemon();
   std::mt19937_64 rng(17);
   std::vector<VectorCoord> coords;
@@ -606,39 +658,59 @@ TEST_F(DaemonTest, StreamedCallsGiveWhatUnaryCallsGive) {
     coords.push_back({static_cast<int64_t>(rng() % 40), rng() % 2 ? 6 : -2,
                       static_cast<int64_t>(rng() % 17)});
   }
-  for (auto [from, session] : std::vector<std::pair<int64_t, bool>>{
-           {0, false}, {1, false}, {64, false}, {0, true}, {64, true}}) {
-    SCOPED_TRACE(
-        absl::StrCat("stream_vectors_from ", from, " session ", session));
-    ClientOptions options;
-    options.local_queries = false;  // the gRPC methods under test
-    options.stream_vectors_from = from;
-    options.query_session = session;
-    auto client = Client::Connect("unix:" + socket_, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{500}}) {
-      std::vector<VectorCoord> some(coords.begin(), coords.begin() + n);
-      auto block = (*client)->GetVectors(main_id_, some);
-      ASSERT_TRUE(block.ok()) << block.status();
-      ASSERT_EQ(block->shape,
-                (std::vector<int64_t>{static_cast<int64_t>(n), 32}));
-      for (size_t i = 0; i < n; ++i) {
-        for (int64_t k = 0; k < 32; k += 7) {
-          ASSERT_EQ(block->values[i * 32 + static_cast<size_t>(k)],
-                    Expected(some[i].example, some[i].layer == 6 ? 1 : 0,
-                             some[i].token, k))
-              << "coordinate " << i << " of " << n;
-        }
+  auto client = Connect(QueriesOver(false));
+  ASSERT_NE(client, nullptr);
+  auto stub = StockQueryStub(socket_);
+  const auto check = [&](const std::vector<VectorCoord>& some,
+                         absl::Span<const float> values, const char* road) {
+    ASSERT_EQ(values.size(), some.size() * 32) << road;
+    for (size_t i = 0; i < some.size(); ++i) {
+      for (int64_t k = 0; k < 32; k += 7) {
+        ASSERT_EQ(values[i * 32 + static_cast<size_t>(k)],
+                  Expected(some[i].example, some[i].layer == 6 ? 1 : 0,
+                           some[i].token, k))
+            << road << ": coordinate " << i << " of " << some.size();
       }
     }
-    std::vector<VectorCoord> bad = coords;
-    bad[77].example = 40;
-    auto r = (*client)->GetVectors(main_id_, bad);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
-    EXPECT_NE(std::string(r.status().message()).find("coordinates[77]"),
-              std::string::npos)
-        << r.status();
+  };
+  for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{500}}) {
+    std::vector<VectorCoord> some(coords.begin(), coords.begin() + n);
+    auto block = client->GetVectors(main_id_, some);
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ(block->shape,
+              (std::vector<int64_t>{static_cast<int64_t>(n), 32}));
+    check(some, block->values, "session");
+    grpc::ClientContext ctx;
+    v1::Vectors unary;
+    ASSERT_TRUE(
+        stub->GetVectors(&ctx, VectorsRequest(main_id_, some), &unary).ok());
+    check(some,
+          absl::Span<const float>(
+              reinterpret_cast<const float*>(unary.data().data()),
+              unary.data().size() / sizeof(float)),
+          "GetVectors");
+    auto streamed =
+        StreamVectorsByStub(stub.get(), VectorsRequest(main_id_, some), 32);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    check(some, *streamed, "StreamVectors");
   }
+  std::vector<VectorCoord> bad = coords;
+  bad[77].example = 40;
+  auto r = client->GetVectors(main_id_, bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("coordinates[77]"),
+            std::string::npos)
+      << r.status();
+  grpc::ClientContext ctx;
+  v1::Vectors unary;
+  const grpc::Status st =
+      stub->GetVectors(&ctx, VectorsRequest(main_id_, bad), &unary);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(st.error_message().find("coordinates[77]"), std::string::npos);
+  auto streamed =
+      StreamVectorsByStub(stub.get(), VectorsRequest(main_id_, bad), 32);
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kOutOfRange)
+      << streamed.status();
   const std::string log = ReadAll(JoinPath(dir_, "daemon.log"));
   EXPECT_NE(log.find("call /shardcast.v1.Query/StreamVectors"),
             std::string::npos);
@@ -693,8 +765,8 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareOneQuerySession) {
   EXPECT_EQ(log.find("call /shardcast.v1.Query/GetVectors"), std::string::npos);
 }
 
-// A hundred threads with no call sharing (query_calls_in_flight 0) and
-// every call on the session (stream_vectors_from 0), 2000 vectors each: far
+// A hundred threads with no call sharing (query_calls_in_flight 0) on the
+// session, 2000 vectors each: far
 // more request and reply bytes than one HTTP/2 window, more requests than
 // the 64 a session holds or sends at once. Every request is answered with
 // the generator's values.
@@ -703,7 +775,6 @@ TEST_F(DaemonTest, ManyThreadsWithoutSharingAllGetAnswersOnOneSession) {
   ClientOptions options;
   options.local_queries = false;
   options.query_calls_in_flight = 0;
-  options.stream_vectors_from = 0;
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
   std::atomic<int> wrong{0};
@@ -759,16 +830,15 @@ TEST_F(DaemonTest, QuerySessionReopensAfterTheDaemonRestarts) {
   }
 }
 
-// A shard that turns out short while a streamed call's parts are going out:
-// the call fails with DATA_LOSS naming the file (never a partial block), and
-// the daemon serves the next calls.
+// A shard that turns out short while a stock client's StreamVectors parts
+// are going out: the call fails with DATA_LOSS naming the file (never a
+// partial result), as does the client library's session request, and the
+// daemon serves the next calls.
 TEST_F(DaemonTest, TruncatedShardEndsAStreamedCallWithDataLoss) {
   daemon_ = StartDaemon();
-  ClientOptions options;
-  options.local_queries = false;
-  options.stream_vectors_from = 1;
-  auto client = Client::Connect("unix:" + socket_, options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  auto client = Connect(QueriesOver(false));
+  ASSERT_NE(client, nullptr);
+  auto stub = StockQueryStub(socket_);
   const std::string shard =
       JoinPath(JoinPath(root_, main_id_), "acts000001.bin");
   ASSERT_EQ(::truncate(shard.c_str(), 1000), 0);
@@ -780,13 +850,20 @@ TEST_F(DaemonTest, TruncatedShardEndsAStreamedCallWithDataLoss) {
     coords.push_back({i % 20, i % 3 ? 6 : -2, i % 17});
   }
   coords.push_back({30, 6, 3});
-  auto r = (*client)->GetVectors(main_id_, coords);
+  auto streamed =
+      StreamVectorsByStub(stub.get(), VectorsRequest(main_id_, coords), 32);
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kDataLoss)
+      << streamed.status();
+  EXPECT_NE(std::string(streamed.status().message()).find("acts000001.bin"),
+            std::string::npos)
+      << streamed.status();
+  auto r = client->GetVectors(main_id_, coords);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
   EXPECT_NE(std::string(r.status().message()).find("acts000001.bin"),
             std::string::npos)
       << r.status();
   coords.pop_back();
-  auto ok = (*client)->GetVectors(main_id_, coords);
+  auto ok = client->GetVectors(main_id_, coords);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->values[32 * 20], Expected(0, 1, 3, 0));
 }
@@ -800,7 +877,6 @@ TEST_F(DaemonTest, ThreadsOfOneClientShareCallsAndEachGetsItsOwnRows) {
   ClientOptions options;
   options.local_queries = false;
   options.query_calls_in_flight = 1;
-  options.stream_vectors_from = 8;  // combined calls of 8 or more stream
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int kThreads = 12, kRequests = 30;
@@ -823,7 +899,6 @@ TEST_F(DaemonTest, SharedCallsOverTheReplyLimitAreSentAgainAlone) {
   ClientOptions options;
   options.local_queries = false;
   options.query_calls_in_flight = 1;
-  options.stream_vectors_from = 4;  // the limit applies to streamed calls
   auto client = Client::Connect("unix:" + socket_, options);
   ASSERT_TRUE(client.ok()) << client.status();
   const SharedCallsOutcome out = RunThreadsOfOneClient(

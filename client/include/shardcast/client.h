@@ -37,34 +37,25 @@ struct ClientOptions {
   /// Slots of a stream's region: how many batches the daemon may have ready
   /// for this client, the one it reads included (2 to 16).
   int shared_memory_slots = 4;
-  /// GetVectors calls this process's threads may have running at once.
+  /// GetVectors takes one road, chosen at Connect (docs/architecture.md,
+  /// "Query roads"): the daemon's local channel when the address is its
+  /// Unix socket and it serves queries there (local_queries), else messages
+  /// on one long-lived VectorsSession call the daemon answers by id.
+  ///
+  /// Session requests this process's threads may have running at once.
   /// A request that finds this many running waits for one to finish and
-  /// goes out together with the requests that queued meanwhile, in one
-  /// call (each caller still gets exactly its own rows, or its own error).
-  /// A thread calling alone is never delayed. Many threads asking a few
-  /// vectors each then cost the daemon a few calls instead of one each
-  /// (tests/bench/results/HISTORY.md, random access). 0: one call per request.
+  /// goes out together with the requests that queued meanwhile, as one
+  /// request (each caller still gets exactly its own rows, or its own
+  /// error). A thread calling alone is never delayed. With 16 threads it
+  /// took 1.5 x the calls/s of one request each (tests/bench/results/
+  /// HISTORY.md, "Two roads for a query"). 0: one request each.
   int query_calls_in_flight = 4;
-  /// GetVectors calls of at least this many vectors (a request, or
-  /// requests sharing a call) use StreamVectors: the daemon sends the
-  /// vectors in parts as its reads complete, so most of the reply has
-  /// arrived when the last read does (tests/bench/results/HISTORY.md, random
-  /// access). Smaller calls are one unary reply. 0: never stream. A daemon
-  /// without StreamVectors gets unary calls.
-  int64_t stream_vectors_from = 64;
-  /// GetVectors calls below stream_vectors_from go out as messages on one
-  /// long-lived VectorsSession call the daemon answers by id, instead of a
-  /// unary call each: a message costs both sides less than a call
-  /// (tests/bench/results/HISTORY.md, random access). A daemon without
-  /// VectorsSession gets unary calls. False: always unary.
-  bool query_session = true;
-  /// On a Unix socket, GetVectors goes through the daemon's local query
-  /// socket when it offers one (docs/local-clients.md, "Local queries"): one
-  /// small message each way per call, the vectors read by the daemon straight
-  /// into memory this process shares with it, and no gRPC on either side.
-  /// Each thread calling at once has a connection of its own, so their
-  /// calls are in flight together (query_calls_in_flight, stream_vectors_from
-  /// and query_session then apply to gRPC calls only). False: gRPC.
+  /// On a Unix socket, GetVectors goes through the daemon's local channel
+  /// when it serves queries there (docs/local-clients.md, "Local queries"):
+  /// one small message each way per call, the vectors read by the daemon
+  /// straight into memory this process shares with it, and no gRPC on
+  /// either side. Each thread calling at once has a connection of its own,
+  /// so their calls are in flight together. False: the session.
   bool local_queries = true;
   /// With local_queries: a GetVectors of one vector is read by this
   /// process itself, with pread on a read-only descriptor of the dataset's

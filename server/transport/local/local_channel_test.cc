@@ -8,6 +8,7 @@
 #include "server/transport/local/local_channel.h"
 
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -217,8 +218,11 @@ v1::LocalReply ReplyTo(const std::string& path, absl::string_view packet,
   std::vector<UniqueFd> fds;
   auto got = local::ReceiveMessage(fd.get(), &reply, &fds);
   EXPECT_TRUE(got.ok()) << got.status();
+  // The daemon closes right after its reply: wait for it (up to 10 s).
+  struct timeval tv = {10, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   char c;
-  *closed = ::recv(fd.get(), &c, 1, MSG_DONTWAIT) == 0;
+  *closed = ::recv(fd.get(), &c, 1, 0) == 0;
   return reply;
 }
 
