@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -364,12 +365,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   context.serving = &d->serving;
   // Every figure, collected from the engine and each wire: Admin.GetStatus
   // and /metrics show the same.
-  context.figures = [daemon = d] {
+  context.figures = [daemon = d](const EngineFigures* read) {
     FigureSources sources;
     sources.serving = daemon->serving.load();
     sources.metrics = &daemon->metrics;
-    const EngineFigures engine = daemon->engine->Figures();
-    sources.engine = &engine;
+    std::optional<EngineFigures> engine;
+    if (read == nullptr) engine = daemon->engine->Figures();
+    sources.engine = read != nullptr ? read : &*engine;
     if (daemon->shm != nullptr) sources.shm = daemon->shm->Figures();
     if (daemon->local != nullptr) sources.local = daemon->local->Figures();
     return CollectFigures(sources);
@@ -413,9 +415,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       }
       return absl::OkStatus();
     };
-    ASSIGN_OR_RETURN(d->http,
-                     HttpAdmin::Start(options.http_address, std::move(health),
-                                      context.figures));
+    ASSIGN_OR_RETURN(
+        d->http, HttpAdmin::Start(
+                     options.http_address, std::move(health),
+                     [figures = context.figures] { return figures(nullptr); }));
   }
   // Calls are answered from here on (TCP already, the Unix socket below):
   // "serving" before the first can arrive, or the router would refuse it as

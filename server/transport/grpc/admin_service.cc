@@ -143,7 +143,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(
     }
   }
   for (const Figure& f :
-       context_.figures ? context_.figures() : std::vector<Figure>()) {
+       context_.figures ? context_.figures(&e) : std::vector<Figure>()) {
     v1::Figure* out = response->add_figures();
     out->set_name(f.name);
     out->set_kind(FigureKindName(f.kind));

@@ -31,8 +31,10 @@ struct TransportContext {
   /// UNAVAILABLE.
   const std::atomic<bool>* serving = nullptr;
   /// Every figure the daemon exports, collected now (figures.h); the
-  /// daemon's wiring makes it, /metrics shows the same.
-  std::function<std::vector<Figure>()> figures;
+  /// daemon's wiring makes it, /metrics shows the same. `engine`: the
+  /// engine's figures when the caller has just read them (null: read now),
+  /// so that one status reads the engine once.
+  std::function<std::vector<Figure>(const EngineFigures* engine)> figures;
 };
 
 }  // namespace shardcast
