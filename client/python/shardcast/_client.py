@@ -10,6 +10,7 @@ nothing per byte and would have to be built for every Python a cluster runs.
 """
 
 import json
+import math
 import os
 import queue
 import types
@@ -18,6 +19,7 @@ import grpc
 import numpy as np
 
 from shardcast import _local
+from shardcast import _session
 from shardcast.v1 import shardcast_pb2 as pb
 from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
@@ -48,10 +50,19 @@ def bfloat16_to_float32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 ADDRESS_VARIABLE = "SHARDCAST_ADDRESS"
 
-# get_vectors of this many coordinates or more uses StreamVectors: the daemon
-# sends the vectors in parts as its reads complete, so most of the reply has
-# arrived when the last read does (the C++ client's stream_vectors_from).
-STREAM_VECTORS_FROM = 64
+# Remote get_vectors of this many coordinates or more are messages on the
+# Client's one VectorsSession call; fewer, unary GetVectors calls. The C++
+# client sends every call on its session, but in Python each message of a
+# session passes through grpcio's one sending thread and one reader, thread
+# hops under the GIL, while a unary call runs in its caller's thread.
+# tests/bench/python_query_roads.py, 2 cores, warm, session/unary (median of
+# 7 rounds [min-max]): single vectors from 1 thread 1.06x the latency
+# [0.76-1.21], from 8 threads 0.83x the rate [0.75-0.95]; 256 per call
+# (against StreamVectors) 0.84x the latency [0.80-0.92], 1.23x the rate from
+# 8 threads [1.08-1.30]. From 8 threads the session lost up to 48 per call
+# and won from 63 (once, 4 rounds), and it lost as much with only one
+# caller at a time on it, the others' calls unary (0.85x, once).
+SESSION_FROM = 64
 
 
 class Error(Exception):
@@ -278,14 +289,6 @@ def _outgoing(requests):
         yield message
 
 
-def _code_name(number):
-    """The gRPC status code name of `number` (absl and gRPC codes agree)."""
-    for status in grpc.StatusCode:
-        if status.value[0] == number:
-            return status.name
-    return "UNKNOWN"
-
-
 class Client:
     """A connection to one shardcastd.
 
@@ -299,8 +302,10 @@ class Client:
     `local_queries=False` or the daemon has none; there a single vector is
     read by this process itself, with a descriptor of the dataset's file the
     daemon hands over, unless `direct_reads=False` or the daemon offers none.
-    Every method raises Error
-    on failure.
+    Over gRPC, get_vectors of SESSION_FROM coordinates or more are messages
+    on one Query.VectorsSession call, opened on first use and again (each
+    request retried once) when it breaks; smaller ones are GetVectors calls.
+    Every method raises Error on failure.
     Thread-safe (grpcio channels are); a Stream belongs to one thread.
     """
 
@@ -321,7 +326,6 @@ class Client:
                 "the first shardcast.Client only inside the workers"))
         _channel_opened = True
         self.address = address
-        self._stream_vectors = True  # until a daemon without StreamVectors
         self.shared_memory = shared_memory
         self.slots = max(2, min(16, int(slots)))
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -347,6 +351,8 @@ class Client:
         self._admin = pb_grpc.AdminStub(self._channel)
         self._query = pb_grpc.QueryStub(self._channel)
         self._stream = pb_grpc.StreamStub(self._channel)
+        # get_vectors over gRPC: one VectorsSession call, opened on first use.
+        self._session = _session.Session(self._query.VectorsSession)
         self._local = None  # get_vectors over gRPC
         path = _local.socket_path(address) if local_queries else None
         if path is not None and os.path.exists(path):
@@ -363,6 +369,7 @@ class Client:
     def close(self):
         if self._local is not None:
             self._local.close()
+        self._session.close()
         self._channel.close()
 
     def __enter__(self):
@@ -396,61 +403,39 @@ class Client:
                 raise Error(_code_name(e.code), e.message) from None
             if got is not None:
                 return got
-        request = pb.GetVectorsRequest(dataset=dataset, coordinates=[
-            pb.Coordinate(example=int(e), layer=int(l), token=int(t))
-            for e, l, t in coords])
-        if len(coords) >= STREAM_VECTORS_FROM and self._stream_vectors:
+        return self._remote_vectors(dataset, coords)
+
+    def _remote_vectors(self, dataset, coords, road=None):
+        """get_vectors over gRPC of `coords` (int64 [N, 3]): on the session
+        from SESSION_FROM coordinates, else unary; `road` "session" or
+        "unary" forces one (tests/bench/python_query_roads.py)."""
+        message = pb.SessionRequest()
+        request = message.vectors
+        request.dataset = dataset
+        add = request.coordinates.add
+        for e, l, t in coords.tolist():
+            add(example=e, layer=l, token=t)
+        n = len(coords)
+        if road == "unary" or (road is None and n < SESSION_FROM):
+            reply = _call(self._query.GetVectors, request)
+        else:
+            # One message too large for the channel would end the session
+            # (every request on it), not this request alone: refused here, as
+            # gRPC refuses a unary call that large.
+            if n * 35 + len(dataset) * 4 > _MAX_MESSAGE and \
+                    message.ByteSize() > _MAX_MESSAGE:
+                raise Error("RESOURCE_EXHAUSTED", "Sent message larger than max "
+                            f"({message.ByteSize()} vs. {_MAX_MESSAGE})")
             try:
-                return self._streamed_vectors(request, len(coords))
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise Error._from_rpc(e) from None
-                self._stream_vectors = False  # an older daemon
-        return self._vectors(_call(self._query.GetVectors, request))
-
-    def _streamed_vectors(self, request, n):
-        """StreamVectors' parts (sent as the daemon's reads complete, in no
-        order) put back into the [n, D] result; DATA_LOSS when they do not
-        add up. Raises grpc.RpcError from the call itself."""
-        call = self._query.StreamVectors(request)
-        try:
-            return self._assemble(call, n)
-        finally:
-            call.cancel()  # a no-op once the call has ended
-
-    @staticmethod
-    def _assemble(parts, n):
-        out, seen, received = None, None, 0
-        for part in parts:
-            shape = tuple(part.shape)
-            if len(shape) != 2 or shape[0] != n or shape[1] < 0 or \
-                    (out is not None and shape != out.shape):
-                raise Error("DATA_LOSS", f"StreamVectors part of shape {shape} for a "
-                            f"request of {n} vectors")
-            d = shape[1]
-            if n * d * 4 > _MAX_MESSAGE:
-                raise Error("DATA_LOSS", f"StreamVectors part of shape {shape}: more than "
-                            f"the {_MAX_MESSAGE} bytes a reply may hold")
-            rows = np.asarray(part.rows, dtype=np.int64)
-            if len(part.data) != rows.size * d * 4:
-                raise Error("DATA_LOSS", f"StreamVectors part of {rows.size} rows of {d} "
-                            f"floats carries {len(part.data)} bytes")
-            if out is None:
-                out = np.empty((n, d), dtype=np.float32)
-                seen = np.zeros(n, dtype=bool)
-            if rows.size and (rows.min() < 0 or rows.max() >= n or seen[rows].any() or
-                              np.unique(rows).size != rows.size):
-                raise Error("DATA_LOSS", "StreamVectors part with a row out of range "
-                            "or sent twice")
-            seen[rows] = True
-            received += rows.size
-            out[rows] = np.frombuffer(part.data, dtype=np.float32).reshape(rows.size, d)
-        if out is None or received != n:
-            raise Error("DATA_LOSS", f"StreamVectors ended with {n - received} of {n} "
-                        "rows missing" if out is not None else
-                        "StreamVectors ended without a part")
-        out.setflags(write=False)  # as read-only as a unary reply's view
-        return out
+                reply = self._session.call(message)
+            except _session.Broken as e:
+                raise Error(e.code, e.message) from None
+            if reply.code != 0:
+                raise Error(_code_name(reply.code), reply.message)
+        if len(reply.shape) != 2 or reply.shape[0] != n:
+            raise Error("DATA_LOSS", f"reply of shape {tuple(reply.shape)} for a request "
+                        f"of {n} vectors")
+        return self._vectors(reply)
 
     def get_example(self, dataset, example, layer=None):
         """float32 [T, D] of one layer of an example, or [L, T, D]."""
@@ -477,8 +462,8 @@ class Client:
     def _vectors(reply):
         values = np.frombuffer(reply.data, dtype=np.float32)
         shape = tuple(reply.shape)
-        if int(np.prod(shape)) != values.size:
-            raise Error("DATA_LOSS", f"reply shape {shape} holds {int(np.prod(shape))} "
+        if math.prod(shape) != values.size:
+            raise Error("DATA_LOSS", f"reply shape {shape} holds {math.prod(shape)} "
                         f"floats but carries {values.size}")
         return values.reshape(shape)
 

@@ -249,9 +249,15 @@ _LOG_PLUGIN = LogPlugin()
 
 @pytest.fixture(scope="session", autouse=True)
 def _daemon_logs_on_failure(request):
-    request.config.pluginmanager.register(_LOG_PLUGIN, "shardcastd-logs")
+    # Modules that import this fixture (test_shared_scan) define it again:
+    # the plugin is registered once, by whichever runs first.
+    pm = request.config.pluginmanager
+    if pm.is_registered(_LOG_PLUGIN):
+        yield
+        return
+    pm.register(_LOG_PLUGIN, "shardcastd-logs")
     yield
-    request.config.pluginmanager.unregister(_LOG_PLUGIN)
+    pm.unregister(_LOG_PLUGIN)
 
 
 class Daemon:

@@ -429,75 +429,52 @@ def test_a_daemon_the_kernel_hides_residency_from_reads_through_the_cache(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_large_get_vectors_stream_in_parts_and_equal_numpy(start_daemon, datasets):
-    """get_vectors of STREAM_VECTORS_FROM coordinates or more goes as
-    StreamVectors (shardcast_queries_streamed_total counts it) and, cold or
-    cached, equals numpy in request order; one fewer is a unary call. A bad
-    coordinate is refused the same way on both paths."""
+def test_large_get_vectors_go_on_one_session_and_equal_numpy(start_daemon, datasets):
+    """get_vectors of SESSION_FROM coordinates or more goes as a message on
+    the Client's one VectorsSession call (shardcast_session_requests_total
+    counts it; no StreamVectors) and, cold or cached, equals numpy in request
+    order; one fewer is a unary GetVectors call. A bad coordinate is refused
+    the same way on both roads, and the session serves on."""
     from sysprobe import evict, metric_samples
     d = start_daemon("--http", "127.0.0.1:0")
     port = _http_port(d)
     r = datasets.main
     files = sorted(str(p) for p in r.path.glob("acts*.bin"))
     rng = np.random.default_rng(23)
-    n = shardcast._client.STREAM_VECTORS_FROM
+    n = shardcast._client.SESSION_FROM
     coords = [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
                int(rng.integers(r.T))) for _ in range(5 * n)]
     want = np.stack([r.vector(*c) for c in coords])
 
-    def streamed():
-        return metric_samples(port)["shardcast_queries_streamed_total"]
+    def on_session():
+        return metric_samples(port)["shardcast_session_requests_total"]
 
     with shardcast.Client(d.address, local_queries=False) as client:  # gRPC paths
         for label in ("cold", "cached"):
             if label == "cold":
                 evict(files)
-            before = streamed()
+            before = on_session()
             got = client.get_vectors(r.id, coords)
             assert got.dtype == np.float32 and got.shape == (len(coords), r.D)
             ref.assert_f32_equal(got, want, f"{label}, {len(coords)} vectors")
-            assert streamed() == before + 1, label
-        before = streamed()
+            assert on_session() == before + 1, label
+        before = on_session()
         ref.assert_f32_equal(client.get_vectors(r.id, coords[:n]), want[:n], "n")
-        assert streamed() == before + 1
+        assert on_session() == before + 1
         ref.assert_f32_equal(client.get_vectors(r.id, coords[:n - 1]), want[:n - 1], "n - 1")
-        assert streamed() == before + 1, "a call under the threshold was streamed"
-        bad = coords[:100] + [(r.N, r.layers[0], 0)]
-        with pytest.raises(shardcast.Error) as e:
-            client.get_vectors(r.id, bad)
-        assert e.value.code == "OUT_OF_RANGE" and "coordinates[100]" in str(e.value), e.value
-
-
-def test_streamed_replies_that_do_not_add_up_are_data_loss():
-    """The parts of a StreamVectors reply are checked before they are used: a
-    wrong shape, a result larger than a reply may hold, a row out of range or
-    twice (in one part or across two), data of the wrong size, rows missing
-    or no part at all raise shardcast.Error DATA_LOSS (never a wrong array)."""
-    from types import SimpleNamespace
-    assemble = shardcast.Client._assemble
-
-    def part(shape, rows, d=None):
-        d = shape[1] if d is None else d
-        data = np.arange(len(rows) * d, dtype=np.float32).tobytes()
-        return SimpleNamespace(shape=list(shape), rows=list(rows), data=data)
-
-    got = assemble([part((3, 2), [2, 0]), part((3, 2), [1])], 3)
-    assert got.shape == (3, 2) and not got.flags.writeable
-    assert got[2].tolist() == [0, 1] and got[0].tolist() == [2, 3] and got[1].tolist() == [0, 1]
-    cases = {
-        "shape": [part((4, 2), [0])],
-        "bytes a reply may hold": [part((3, 1 << 40), [], d=0)],
-        "out of range": [part((3, 2), [3])],
-        "twice": [part((3, 2), [0, 0])],
-        "twice across parts": [part((3, 2), [0]), part((3, 2), [0, 1, 2])],
-        "carries": [SimpleNamespace(shape=[3, 2], rows=[0], data=b"abc")],
-        "missing": [part((3, 2), [0, 1])],
-        "without a part": [],
-    }
-    for name, parts in cases.items():
-        with pytest.raises(shardcast.Error) as e:
-            assemble(parts, 3)
-        assert e.value.code == "DATA_LOSS", (name, e.value)
+        assert on_session() == before + 1, "a call under the threshold went on the session"
+        for bad in (coords[:100] + [(r.N, r.layers[0], 0)],
+                    coords[:n - 2] + [(r.N, r.layers[0], 0)]):
+            with pytest.raises(shardcast.Error) as e:
+                client.get_vectors(r.id, bad)
+            assert e.value.code == "OUT_OF_RANGE" and \
+                f"coordinates[{len(bad) - 1}]" in str(e.value), e.value
+        ref.assert_f32_equal(client.get_vectors(r.id, coords), want, "after the errors")
+        assert metric_samples(port)["shardcast_query_sessions"] == 1
+    assert metric_samples(port)["shardcast_queries_streamed_total"] == 0
+    log = d.log.read_text()
+    assert log.count("DEBUG call /shardcast.v1.Query/VectorsSession ") == 1, d.describe()
+    assert "call /shardcast.v1.Query/StreamVectors" not in log
 
 
 def test_get_example_equal_numpy(start_daemon, datasets):
