@@ -27,6 +27,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/engine/engine.h"
 #include "server/engine/resume_token.h"
+#include "server/io/uring.h"
 #include "server/transport/address.h"
 #include "server/transport/figures.h"
 #include "server/transport/grpc/admin_service.h"
@@ -292,6 +293,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(d->socket_lock, LockSocketPath(options.unix_socket));
   }
 
+  // Before anything makes a ring: every reader then takes its fallback.
+  if (options.disable_io_uring) DisableIoUring();
   EngineOptions engine_options = options.Engine();
   if (!options.token_key_file.empty()) {
     ASSIGN_OR_RETURN(engine_options.token_key,

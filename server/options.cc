@@ -48,6 +48,11 @@ const std::vector<DaemonOption>& Table() {
        "admitted client gets a dataset's layout and read-only descriptors "
        "of its files, and reads single vectors itself",
        OptionKind::kSwitch, &O::disable_direct_reads},
+      {"disable-io-uring", "disable_io_uring", nullptr,
+       "read with pread and poll, as on a kernel or in a container whose "
+       "seccomp profile forbids io_uring (slower on a parallel filesystem: "
+       "one read at a time per thread)",
+       OptionKind::kSwitch, &O::disable_io_uring},
       {"listen-tcp", "listen_tcp", "HOST:PORT",
        "TCP listener for remote clients; TLS required unless loopback",
        OptionKind::kText, &O::tcp_address},

@@ -39,6 +39,8 @@ struct DaemonOptions {
   /// With it, local query clients never get descriptors of dataset files:
   /// the daemon reads every vector (LocalChannelOptions::direct_reads).
   bool disable_direct_reads = false;
+  /// Read without io_uring, as where seccomp forbids it (DisableIoUring).
+  bool disable_io_uring = false;
   /// TCP listener "host:port" for remote clients (port 0 picks one). Needs
   /// TLS unless the host is loopback or insecure_tcp is set.
   std::string tcp_address;

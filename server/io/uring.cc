@@ -57,7 +57,17 @@ UringRing::~UringRing() {
   if (ring_ != nullptr) io_uring_queue_exit(ring_.get());
 }
 
+namespace {
+std::atomic<bool> g_uring_disabled{false};
+}  // namespace
+
+void DisableIoUring() { g_uring_disabled.store(true); }
+
 absl::StatusOr<UringRing> UringRing::Create(unsigned entries) {
+  if (g_uring_disabled.load(std::memory_order_relaxed)) {
+    return absl::UnimplementedError(
+        "io_uring is disabled (--disable-io-uring)");
+  }
   auto ring = std::make_unique<struct io_uring>();
   const int rc = io_uring_queue_init(entries < 1 ? 1 : entries, ring.get(), 0);
   if (rc < 0) return ErrnoToStatus(-rc, "io_uring_queue_init");

@@ -61,6 +61,12 @@ enum class ReadStep {
 ReadStep ApplyReadResult(const ReadOp& op, int res, size_t* done,
                          absl::Status* error);
 
+/// From now on, in this process, UringRing::Create fails as on a kernel or
+/// container without io_uring, so every reader takes its fallback (pread,
+/// the ring loop's poll road). For the daemon's --disable-io-uring: that
+/// road tested, or a broken io_uring avoided, without a seccomp profile.
+void DisableIoUring();
+
 /// Owns one io_uring instance (io_uring_queue_exit on destruction).
 /// Move-only; not thread-safe: one thread drives a ring.
 class UringRing {

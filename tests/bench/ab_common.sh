@@ -44,3 +44,25 @@ ab_start_daemon() {
   for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
   [[ -S $SOCK ]] || { cat "$2" >&2; die "$1 did not start"; }
 }
+
+# ab_start_both [NAME]: both daemons running throughout, BIN[v] listening on
+# BENCH_DIR/[NAME-]v.sock and logging to BENCH_DIR/[NAME-]v.log; PID[v] are
+# their pids, stopped when the script exits.
+ab_start_both() {
+  declare -gA PID=()
+  trap ab_stop_both EXIT INT TERM
+  local v
+  for v in a b; do
+    SOCK=$BENCH_DIR/${1:+$1-}$v.sock
+    ab_start_daemon "${BIN[$v]}" "$BENCH_DIR/${1:+$1-}$v.log"
+    PID[$v]=$DAEMON
+  done
+}
+
+ab_stop_both() {
+  local v
+  for v in a b; do
+    if [[ -n ${PID[$v]:-} ]]; then kill -TERM "${PID[$v]}" 2>/dev/null || true; fi
+  done
+  wait 2>/dev/null || true
+}

@@ -27,20 +27,7 @@ die() { echo "run_cold_ab: $*" >&2; exit 1; }
 source "$REPO/tests/bench/ab_common.sh"
 ab_init "tests/bench/run_cold_ab.sh" "$@"
 ab_dataset 6,12 1280
-declare -A PID
-cleanup() {
-  local v
-  for v in a b; do
-    if [[ -n ${PID[$v]:-} ]]; then kill -TERM "${PID[$v]}" 2>/dev/null || true; fi
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-for v in a b; do
-  SOCK=$BENCH_DIR/cold-$v.sock  # ab_start_daemon's
-  ab_start_daemon "${BIN[$v]}" "$BENCH_DIR/cold-$v.log"
-  PID[$v]=$DAEMON
-done
+ab_start_both cold
 echo "== $(date -u +%FT%TZ), nproc $(nproc); a = ${BIN[a]}, b = ${BIN[b]}"
 run() {  # V: one cold stream from daemon V; prints its rate in MB/s
   "$SC" --no-shared-memory --server "unix:$BENCH_DIR/cold-$1.sock" bench "$(basename "$DS")" \

@@ -40,20 +40,7 @@ source "$REPO/tests/bench/ab_common.sh"
 ab_init "tests/bench/run_local_ab.sh" "${DIR[a]}/shardcastd" "${DIR[b]}/shardcastd"
 ab_dataset 6,12 1024
 SHARDS=("$DS"/acts*.bin)
-declare -A PID
-cleanup() {
-  local v
-  for v in a b; do
-    if [[ -n ${PID[$v]:-} ]]; then kill -TERM "${PID[$v]}" 2>/dev/null || true; fi
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-for v in a b; do
-  SOCK=$BENCH_DIR/local-$v.sock  # ab_start_daemon's
-  ab_start_daemon "${BIN[$v]}" "$BENCH_DIR/local-$v.log"
-  PID[$v]=$DAEMON
-done
+ab_start_both local
 echo "== $(date -u +%FT%TZ), nproc $(nproc); a = ${DIR[a]}, b = ${DIR[b]}"
 # NAME MODE FIELD FLAGS...; names ending in -cold evict the shards first.
 ROWS=("direct-1t single p50_us"

@@ -40,20 +40,7 @@ ab_dataset 6,12 1024
 SHARDS=("$DS"/acts*.bin)
 
 # Both daemons run throughout, each on its own socket.
-declare -A PID
-cleanup() {
-  local v
-  for v in a b; do
-    if [[ -n ${PID[$v]:-} ]]; then kill -TERM "${PID[$v]}" 2>/dev/null || true; fi
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-for v in a b; do
-  SOCK=$BENCH_DIR/$v.sock  # ab_start_daemon's
-  ab_start_daemon "${BIN[$v]}" "$BENCH_DIR/$v.log"
-  PID[$v]=$DAEMON
-done
+ab_start_both
 echo "== $(date -u +%FT%TZ), nproc $(nproc); a = ${BIN[a]}, b = ${BIN[b]}"
 
 # run V LABEL SEED: one query_bench run against daemon V; prints "p50 p99".

@@ -684,6 +684,37 @@ def test_shm_is_used_by_default_and_not_when_disabled(start_daemon, datasets):
         assert client.status().shm_regions == 0
 
 
+def test_a_daemon_without_io_uring_serves_every_road(start_daemon, datasets):
+    """--disable-io-uring (what a seccomp profile without io_uring does): the
+    read engine and the local channel's threads run their ring loops on poll
+    and pread, and the query workers read with pread. A shuffled epoch in
+    shared memory and an ordered one in gRPC messages are exact and equal to
+    numpy, and so are get_vectors on the local channel (read here, and read
+    by the daemon) and over gRPC."""
+    d = start_daemon("--disable-io-uring", *ALONE)
+    log = d.log.read_text()
+    assert "read engine: pread fallback" in log, log
+    assert "with poll and pread" in log, log
+    r = datasets.main
+    for shm, order in ((True, "shuffled"), (False, "ordered")):
+        with shardcast.Client(d.address, shared_memory=shm) as client:
+            with client.stream(r.id, layer=12, tokens="content", order=order,
+                               batch_size=97, seed=3, epochs=1) as s:
+                rows = [row for b in s for row in r.batch_rows(b, 12)]
+                assert s.shared_memory is shm
+        assert_exact_epoch(rows, r.selection(12, "content"))
+    rng = np.random.default_rng(4)
+    coords = [(int(rng.integers(r.N)), r.layers[int(rng.integers(r.L))],
+               int(rng.integers(r.T))) for _ in range(100)]
+    want = np.stack([r.vector(*c) for c in coords])
+    for road in (dict(), dict(direct_reads=False), dict(local_queries=False)):
+        with shardcast.Client(d.address, **road) as client:
+            assert client.local_queries is road.get("local_queries", True)
+            for n in (1, 7, 100):
+                ref.assert_f32_equal(client.get_vectors(r.id, coords[:n]), want[:n],
+                                     f"get_vectors of {n} with {road}")
+
+
 # ---------------------------------------------------------------------------
 # Resume tokens.
 
