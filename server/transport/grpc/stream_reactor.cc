@@ -22,9 +22,21 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
   o.dataset = req.dataset();
   StreamSpec& spec = o.spec;
   if (req.has_layer()) spec.layer = req.layer();
-  spec.tokens = req.tokens() == v1::TOKENS_SPECIAL ? TokenSelection::kSpecial
-                : req.tokens() == v1::TOKENS_ALL   ? TokenSelection::kAll
-                                                   : TokenSelection::kContent;
+  switch (req.tokens()) {
+    case v1::TOKENS_CONTENT:
+      spec.tokens = TokenSelection::kContent;
+      break;
+    case v1::TOKENS_SPECIAL:
+      spec.tokens = TokenSelection::kSpecial;
+      break;
+    case v1::TOKENS_ALL:
+      spec.tokens = TokenSelection::kAll;
+      break;
+    default:  // a number the proto does not name: not streamed as a default
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokens: ", static_cast<int>(req.tokens()),
+                       " is not one of 0 (content), 1 (special), 2 (all)"));
+  }
   spec.batch_size = req.batch_size();
   spec.epochs = req.epochs();
   spec.rank = req.rank();
@@ -56,8 +68,18 @@ absl::StatusOr<StreamOptions> ToStreamOptions(const v1::StreamRequest& req,
   }
   spec.transform.scale_norm = req.scale_norm();
   spec.transform.center = req.center();
-  o.order = req.order() == v1::ORDER_ORDERED ? StreamOrder::kOrdered
-                                             : StreamOrder::kShuffled;
+  switch (req.order()) {
+    case v1::ORDER_SHUFFLED:
+      o.order = StreamOrder::kShuffled;
+      break;
+    case v1::ORDER_ORDERED:
+      o.order = StreamOrder::kOrdered;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("order: ", static_cast<int>(req.order()),
+                       " is not one of 0 (shuffled), 1 (ordered)"));
+  }
   o.seed = req.seed();
   if (req.resume_token().size() > limits::kMaxResumeTokenBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -151,6 +151,28 @@ def test_batch_size_whose_bytes_wrap_is_refused(served, order, shm):
         d.alive()
 
 
+@pytest.mark.parametrize("field, value", [("tokens", 3), ("tokens", -1),
+                                          ("order", 2), ("order", 99),
+                                          ("dtype", 3)])
+def test_an_enum_value_the_proto_does_not_name_is_refused(served, field, value):
+    """Proto3 enums are open: a stock client can send any number. One the
+    proto does not name is INVALID_ARGUMENT naming the field and the value,
+    not streamed as the default (tokens and order were, dtype was not)."""
+    import grpc
+    from shardcast.v1 import shardcast_pb2 as pb
+    from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
+    d, ds, _ = served
+    request = pb.StreamRequest(dataset=ds, layer=6, batch_size=8, epochs=1)
+    setattr(request, field, value)
+    with grpc.insecure_channel(d.address) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in pb_grpc.StreamStub(channel).Stream(request, timeout=30):
+                pass
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert f"{field}: {value} is not one of" in e.value.details(), e.value.details()
+    d.alive()
+
+
 @pytest.mark.parametrize("order", ["shuffled", "ordered"])
 def test_partition_whose_arithmetic_wraps_is_refused(served, order):
     """rank x vectors wrapped: one case served another client's stale rows."""
