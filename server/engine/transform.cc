@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -244,11 +245,33 @@ absl::StatusOr<VectorTransform> VectorTransform::Create(
           absl::StrCat("cannot scale layer ", layer, ": the mean norm of its ",
                        group_name, " tokens is ", norm));
     }
-    t.scales_.push_back(spec.scale_norm ? static_cast<float>(root_d / norm)
-                                        : 1.0f);
+    // The transform computes in float32: a scale or a mean that is finite
+    // as a double but not as a float (a norm of 1e-300, a mean of 1e300)
+    // would stream Inf or zeros silently. Refused, naming the field.
+    const std::string field =
+        absl::StrCat(stats_origin, ": layers[", ls - stats->layers.data(),
+                     "] (layer ", layer, ").", group_name, ".");
+    const double scale = root_d / norm;
+    if (spec.scale_norm && !(scale >= std::numeric_limits<float>::min() &&
+                             scale <= std::numeric_limits<float>::max())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, spec.center ? "centered_mean_norm" : "mean_norm", " = ", norm,
+          " gives the scale sqrt(d_model) / norm = ", scale,
+          ", which float32 cannot hold (", std::numeric_limits<float>::min(),
+          " to ", std::numeric_limits<float>::max(), ")"));
+    }
+    t.scales_.push_back(spec.scale_norm ? static_cast<float>(scale) : 1.0f);
     if (spec.center) {
       std::vector<float> mean(d);
-      for (size_t i = 0; i < d; ++i) mean[i] = static_cast<float>(g->mean[i]);
+      for (size_t i = 0; i < d; ++i) {
+        if (!(std::fabs(g->mean[i]) <= std::numeric_limits<float>::max())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(field, "mean[", i, "] = ", g->mean[i],
+                           " is not finite as float32 (at most ",
+                           std::numeric_limits<float>::max(), ")"));
+        }
+        mean[i] = static_cast<float>(g->mean[i]);
+      }
       t.means_.push_back(std::move(mean));
     }
   }

@@ -224,6 +224,52 @@ TEST(Transform, MissingOrUnusableStatisticsAreRefused) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Statistics finite as doubles but not as the float32 the transform
+// computes in (issue 42): a mean norm whose scale overflows or underflows,
+// a mean past FLT_MAX. Each is refused naming the sidecar field; values
+// float32 holds at the edge are accepted.
+TEST(Transform, StatisticsFloat32CannotHoldAreRefusedNamingTheField) {
+  const int64_t d = 8;
+  TransformSpec spec;
+  spec.scale_norm = true;
+  for (double norm : {1e-300, 1e-40, 1e300}) {
+    DatasetStats stats = Stats(d);
+    stats.layers[1].content.mean_norm = norm;
+    auto t = VectorTransform::Create(spec, Desc(d), &stats,
+                                     StatsGroup::kContent, "stats.json");
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << norm;
+    EXPECT_NE(t.status().message().find(
+                  "stats.json: layers[1] (layer 5).content.mean_norm"),
+              std::string::npos)
+        << t.status();
+  }
+  {
+    DatasetStats stats = Stats(d);
+    stats.layers[1].content.mean_norm = 1e30;  // scale ~2.8e-30: a float
+    EXPECT_TRUE(
+        VectorTransform::Create(spec, Desc(d), &stats, StatsGroup::kContent, "")
+            .ok());
+  }
+  spec.scale_norm = false;
+  spec.center = true;
+  for (double mean : {1e300, -1e39}) {
+    DatasetStats stats = Stats(d);
+    stats.layers[0].content.mean[3] = mean;
+    auto t = VectorTransform::Create(spec, Desc(d), &stats,
+                                     StatsGroup::kContent, "stats.json");
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << mean;
+    EXPECT_NE(t.status().message().find(
+                  "stats.json: layers[0] (layer -2).content.mean[3]"),
+              std::string::npos)
+        << t.status();
+  }
+  DatasetStats stats = Stats(d);
+  stats.layers[0].content.mean[3] = 3.4e38;  // below FLT_MAX
+  EXPECT_TRUE(
+      VectorTransform::Create(spec, Desc(d), &stats, StatsGroup::kContent, "")
+          .ok());
+}
+
 TEST(Transform, PlainFloat32IsTheIdentity) {
   auto t = VectorTransform::Create(TransformSpec{}, Desc(4), nullptr,
                                    StatsGroup::kContent, "");
