@@ -1141,6 +1141,33 @@ TEST_F(DaemonTest, DisableLocalQueriesLeavesQueriesOnGrpc) {
             std::string::npos);
 }
 
+// A dataset name that is not UTF-8 (a hostile or broken client) names no
+// dataset: the reply is NOT_FOUND, and it parses, although the daemon's
+// message quotes the name (found by tests/fuzz/local_channel_fuzz.cc: the
+// reply's message field had to be valid UTF-8).
+TEST_F(DaemonTest, ADatasetNameThatIsNotUtf8GetsAReplyThatParses) {
+  daemon_ = StartDaemon();
+  ASSERT_NE(Connect(), nullptr);
+  RawLocalConnection c(socket_ + local::kSocketSuffix);
+  ASSERT_TRUE(c.connected());
+  ASSERT_EQ(c.QueryRegion(1 << 16).code(), 0);
+  const std::string name = "\xff\xfe not utf-8 \xc3";
+  v1::LocalRequest layout;
+  layout.mutable_layout()->set_dataset(name);
+  v1::LocalReply reply = c.Call(layout);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+            absl::StatusCode::kNotFound)
+      << reply.message();
+  const std::vector<VectorCoord> coords = {{1, 6, 2}};
+  reply = c.Ask(name, coords, 0, 4096, 1);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
+            absl::StatusCode::kNotFound)
+      << reply.message();
+  // Served on: a sound request on the same connection.
+  reply = c.Ask(main_id_, coords, 0, 4096, 1);
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+}
+
 // What the client library never sends gets a clear error on the local
 // channel, the daemon keeps serving, and it only ever writes into the
 // sealed region it made, at the offsets asked for.

@@ -260,7 +260,7 @@ class _Conn:
         self._touch(out + n * self.vector_bytes)
         self.buffer[:n * COORD_BYTES] = coords.tobytes()
         request = local_pb2.LocalRequest()
-        request.vectors.dataset = dataset
+        request.vectors.dataset = dataset.encode()
         request.vectors.count = n
         request.vectors.coords_offset = 0
         request.vectors.out_offset = out
@@ -381,7 +381,7 @@ class LocalQueries:
         """Asks for the layout; `d` is the previous one (or None)."""
         fresh = _Direct(now)
         request = local_pb2.LocalRequest()
-        request.layout.dataset = dataset
+        request.layout.dataset = dataset.encode()
         asked = self._ask(request)
         if asked is not None and asked[0].code == UNIMPLEMENTED:
             self._unimplemented = True
@@ -416,7 +416,7 @@ class LocalQueries:
                     held + len(missing) > _MAX_OPEN_FILES:
                 return None
             request = local_pb2.LocalRequest()
-            request.open_files.dataset = dataset
+            request.open_files.dataset = dataset.encode()
             request.open_files.serial = d.serial
             request.open_files.files.extend(missing)
             asked = self._ask(request)

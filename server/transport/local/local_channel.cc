@@ -16,6 +16,7 @@
 #include "common/base/log.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
+#include "common/format/pyjson.h"
 #include "common/local/channel.h"
 #include "common/local/memfd.h"
 #include "server/io/ring_loop.h"
@@ -69,7 +70,9 @@ bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
 
 void SetError(LocalReply* reply, const absl::Status& status) {
   reply->set_code(static_cast<int32_t>(status.code()));
-  reply->set_message(std::string(status.message()));
+  // A string field: invalid UTF-8 (a client's dataset name echoed in the
+  // message) would make the reply unparsable, replaced here.
+  reply->set_message(ValidUtf8(status.message()));
   reply->clear_result();
 }
 
