@@ -55,7 +55,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
   echo "usage: tests/fuzz/run.sh [SECONDS] | --configure DIR" >&2
   exit 2
 fi
-read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy stream_request resume_token}"
+read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy stream_request resume_token local_channel}"
 build="build-asan"
 work=$build/fuzz-work
 crashes=$build/crashes
