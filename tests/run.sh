@@ -190,10 +190,17 @@ soak_phase() {
   local start=$SECONDS
   local minutes=${SHARDCAST_SOAK_MINUTES:-1.5}
   echo "== soak: ${minutes} min of load and chaos against build-asan/shardcastd"
+  # ASan holds freed memory in its quarantine (256 MiB by default) and its
+  # size-class caches fill as the chaos varies the load: under ASan the
+  # daemon's RSS wandered +-110 MiB in 90 s (CI, 2dcb04c) while the release
+  # daemon under the same soak for 3 min stayed flat (+2 MiB/min). A small
+  # quarantine keeps ASan's use-after-free checks for recent frees, and the
+  # slack covers the caches; a real leak still grows past it.
   if cmake --build build-asan -j2 --target shardcastd shardcast >/dev/null &&
+     ASAN_OPTIONS="$ASAN_OPTIONS:quarantine_size_mb=16:thread_local_quarantine_size_kb=256" \
      SHARDCASTD_BIN=build-asan/shardcastd SHARDCAST_BIN=build-asan/shardcast \
        /usr/bin/python3 tests/bench/soak.py --minutes "$minutes" \
-       --sample-seconds 5 >build-asan/soak.log 2>&1; then
+       --sample-seconds 5 --rss-slack-mib 96 >build-asan/soak.log 2>&1; then
     passed=$((passed + 1))
     echo "soak: passed ($(grep -m1 -o -- '--seed [0-9]*' build-asan/soak.log))"
   else
