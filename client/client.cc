@@ -662,6 +662,23 @@ absl::StatusOr<DatasetDescription> Client::DescribeDataset(
   return FromProto(resp);
 }
 
+absl::StatusOr<DatasetDescription> Client::AttachDataset(
+    const std::string& path) {
+  const std::string channel =
+      internal_client::LocalChannelPath(impl_->address);
+  if (channel.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": datasets are named by path only on the daemon's node (a "
+              "unix: address); name a catalog dataset by its id over TCP"));
+  }
+  ASSIGN_OR_RETURN(
+      std::string id,
+      internal_client::AttachDataset(
+          channel, path,
+          impl_->options.connect_timeout_seconds));
+  return DescribeDataset(id);
+}
+
 absl::StatusOr<DaemonStatus> Client::GetStatus() {
   grpc::ClientContext ctx;
   v1::GetStatusRequest req;

@@ -41,12 +41,14 @@ class LocalConnection {
   /// the connection is of no further use). The daemon's own answer,
   /// whatever its code, is in `reply`.
   absl::Status Ask(v1::LocalRequest& request, v1::LocalReply* reply,
-                   std::vector<UniqueFd>* fds, int timeout_seconds = 0);
+                   std::vector<UniqueFd>* fds, int timeout_seconds = 0,
+                   absl::Span<const int> send_fds = {});
   /// Ask, then the daemon's code and message as a status (prefixed with
   /// `what`) when it is not OK.
   absl::Status AskOk(v1::LocalRequest& request, v1::LocalReply* reply,
                      std::vector<UniqueFd>* fds, const char* what,
-                     int timeout_seconds = 0);
+                     int timeout_seconds = 0,
+                     absl::Span<const int> send_fds = {});
   void Close() { fd_.Reset(); }
 
  private:
@@ -55,6 +57,15 @@ class LocalConnection {
   uint64_t next_id_ = 1;     // never 0: an empty packet reads as a close
   int timeout_seconds_ = 0;  // the socket's SO_RCVTIMEO now
 };
+
+/// Hands the daemon the dataset in directory `dir` (LocalRequest.Attach):
+/// opens its dataset files here, with this process's credentials, and
+/// sends the descriptors over the channel at `channel_path`; returns the
+/// dataset's id. The errno's code naming `dir` when it cannot be opened as
+/// a directory; the daemon's code and message when it does not serve it.
+absl::StatusOr<std::string> AttachDataset(const std::string& channel_path,
+                                          const std::string& dir,
+                                          int timeout_seconds);
 
 }  // namespace internal_client
 }  // namespace shardcast

@@ -341,6 +341,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     channel.admits = [allow](uid_t uid, gid_t gid) {
       return allow.Admits(uid, gid);
     };
+    Engine* engine = d->engine.get();
+    channel.attach = [engine](std::shared_ptr<const DatasetFiles> files)
+        -> absl::StatusOr<std::string> {
+      ASSIGN_OR_RETURN(std::shared_ptr<const CatalogEntry> entry,
+                       engine->Attach(std::move(files)));
+      return entry->id;
+    };
     ASSIGN_OR_RETURN(
         d->channel,
         LocalChannel::Start(channel,

@@ -20,12 +20,14 @@ namespace shardcast {
 namespace {
 
 constexpr char kUsage[] =
-    "Usage: shardcastd --root DIR [--root DIR ...] --listen "
-    "unix:/path/to.sock\n"
+    "Usage: shardcastd [--root DIR ...] --listen unix:/path/to.sock\n"
     "                  [--listen-tcp HOST:PORT --tls-cert F --tls-key F "
     "[--tls-client-ca F]]\n"
     "                  [--http HOST:PORT] [--config FILE] [options]\n\n"
-    "Serves the saev activation datasets found under each root: random-access\n"
+    "Serves saev activation datasets: those local clients name by path (the\n"
+    "client opens the files with its own permissions and hands them over on\n"
+    "the local channel, PATH.local), and those found under each root (for\n"
+    "remote clients and `shardcast ls`, by id). Random-access\n"
     "queries, dataset listing and status over gRPC (package shardcast.v1, see\n"
     "proto/), grpc.health.v1 health checking, and /healthz + /metrics over "
     "HTTP.\n"

@@ -519,8 +519,14 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
           absl::StrCat("--", o.flag, " must be ", Expected(o)));
     }
   }
-  if (options.roots.empty()) {
-    return absl::InvalidArgumentError("no dataset root given (--root DIR)");
+  // Without a root the daemon serves only what local clients attach by
+  // path, which needs the Unix socket.
+  if (options.roots.empty() &&
+      (options.unix_socket.empty() || (options.disable_local_queries &&
+                                           options.disable_shared_memory))) {
+    return absl::InvalidArgumentError(
+        "no dataset root given (--root DIR): without one, the daemon serves "
+        "only datasets local clients name by path, over --listen unix:PATH");
   }
   if (options.node_rank >= options.node_count) {
     return absl::InvalidArgumentError(

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/base/cli_args.h"
 
 namespace shardcast {
@@ -36,6 +37,15 @@ void SetRemoteTarget(const std::string& address, const ClientOptions& options);
 /// The target SetRemoteTarget recorded (bench passes it to its clients).
 const std::string& RemoteAddress();
 const ClientOptions& RemoteOptions();
+
+/// Whether a dataset argument names a directory (a path with a '/', "."
+/// or "..") rather than a catalog id.
+bool IsDatasetPath(const std::string& arg);
+/// The id to use for a dataset argument: a directory is attached by path
+/// (Client::AttachDataset), an id is passed on as it is.
+class Client;
+absl::StatusOr<std::string> ResolveDataset(Client& client,
+                                           const std::string& arg);
 
 /// The `stream` options that shape what is streamed (selection, order,
 /// partition, batches, label filter, --max-batches, --check); `bench` passes

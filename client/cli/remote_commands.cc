@@ -35,6 +35,21 @@ absl::StatusOr<std::unique_ptr<Client>> Connect() {
   return Client::Connect(g_address, g_options);
 }
 
+}  // namespace
+
+bool IsDatasetPath(const std::string& arg) {
+  return arg.find('/') != std::string::npos || arg == "." || arg == "..";
+}
+
+absl::StatusOr<std::string> ResolveDataset(Client& client,
+                                           const std::string& arg) {
+  if (!IsDatasetPath(arg)) return arg;
+  ASSIGN_OR_RETURN(DatasetDescription d, client.AttachDataset(arg));
+  return d.id;
+}
+
+namespace {
+
 OrderedJson InfoJson(const DatasetDescription& d) {
   OrderedJson j;
   j["id"] = d.id;
@@ -88,12 +103,16 @@ int RunLs(const Args& args) {
 int RunInfo(const Args& args) {
   const char* cmd = "info";
   if (args.positional().size() != 1) {
-    std::fprintf(stderr, "shardcast info: expected one dataset ID\n");
+    std::fprintf(stderr,
+                 "shardcast info: expected one dataset (a directory or an "
+                 "ID)\n");
     return kExitUsage;
   }
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
-  auto d = (*client)->DescribeDataset(args.positional()[0]);
+  const std::string& arg = args.positional()[0];
+  auto d = IsDatasetPath(arg) ? (*client)->AttachDataset(arg)
+                              : (*client)->DescribeDataset(arg);
   if (!d.ok()) return Fail(cmd, std::string(d.status().message()));
   std::printf("%s\n", JsonText(InfoJson(*d), 2).c_str());
   return kExitOk;
@@ -121,7 +140,9 @@ int RunGet(const Args& args) {
   }
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
-  const std::string id = args.positional()[0];
+  auto resolved = ResolveDataset(**client, args.positional()[0]);
+  if (!resolved.ok()) return Fail(cmd, std::string(resolved.status().message()));
+  const std::string& id = *resolved;
   absl::StatusOr<VectorBlock> block =
       args.Has("all-tokens")
           ? (*client)->GetExample(id, *example, *layer)
@@ -239,7 +260,9 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
 int RunStream(const Args& args) {
   const char* cmd = "stream";
   if (args.positional().size() != 1) {
-    std::fprintf(stderr, "shardcast stream: expected one dataset ID\n");
+    std::fprintf(stderr,
+                 "shardcast stream: expected one dataset (a directory or "
+                 "an ID)\n");
     return kExitUsage;
   }
   absl::StatusOr<StreamRequest> parsed = StreamRequestFromArgs(args);
@@ -261,6 +284,9 @@ int RunStream(const Args& args) {
   }
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
+  auto resolved = ResolveDataset(**client, req.dataset);
+  if (!resolved.ok()) return Fail(cmd, std::string(resolved.status().message()));
+  req.dataset = *resolved;
   const bool check = args.Has("check");
   std::unique_ptr<StreamChecker> checker;
   if (check) {
@@ -632,19 +658,21 @@ std::vector<Command> RemoteCommands() {
        {json},
        RunLs},
       {"info",
-       "--server A info ID [--json]",
+       "[--server A] info DATASET [--json]",
        "describe one dataset served by the daemon",
-       "ID is the dataset's directory name (content hash) or a unique prefix "
-       "of "
-       "at least 8 characters. Prints JSON.",
+       "DATASET is a dataset directory, named by a path with a '/' in it "
+       "(./HASH, /fs/acts/HASH): this process opens its files and hands them "
+       "to the daemon on this node, which serves only what you can open. Or "
+       "a catalog id: a directory name (content hash) under the daemon's "
+       "--root, or a unique prefix of at least 8 characters. Prints JSON.",
        {json},
        RunInfo},
       {"get",
-       "--server A get ID --example E --layer L (--token T | --all-tokens) "
+       "[--server A] get DATASET --example E --layer L (--token T | --all-tokens) "
        "[--json|--raw]",
        "read one vector (or one layer of an example) through the daemon",
        "Same output as the local `get`: T is the index on the token axis (0 is "
-       "CLS when present).",
+       "CLS when present). DATASET: a directory or an id, as for `info`.",
        {{"example", "E", "example index (0-based)"},
         {"layer", "L", "layer value as recorded in metadata"},
         {"token", "T", "index on the token axis"},
@@ -652,9 +680,10 @@ std::vector<Command> RemoteCommands() {
         {"raw", nullptr, "write little-endian float32 bytes to stdout"},
         json},
        RunGet},
-      {"stream", "[--server A] stream ID [options] [--check] [--json]",
+      {"stream", "[--server A] stream DATASET [options] [--check] [--json]",
        "stream batches (ordered or shuffled) and print throughput",
-       "Opens a Stream and reads every batch, printing batches, vectors, "
+       "Opens a Stream of DATASET (a directory or an id, as for `info`) and "
+       "reads every batch, printing batches, vectors, "
        "seconds and bytes/s. Shuffled streams are reproducible from --seed "
        "for a client alone.\n\n"
        "Interrupting and resuming: --max-batches N stops after N batches "

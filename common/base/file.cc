@@ -53,15 +53,20 @@ absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path) {
   // regular file the flag changes nothing.
   ASSIGN_OR_RETURN(UniqueFd fd,
                    OpenFile(path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
+  RETURN_IF_ERROR(CheckRegularFile(fd.get(), path));
+  return fd;
+}
+
+absl::Status CheckRegularFile(int fd, absl::string_view path) {
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
+  if (::fstat(fd, &st) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is ", FileKind(st.st_mode), ", not a regular file"));
   }
-  return fd;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path) {
@@ -141,13 +146,18 @@ absl::Status FsyncDirectory(const std::string& path) {
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
                                              uint64_t max_bytes) {
   ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
-  ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
+  return ReadFdToString(fd.get(), path, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadFdToString(int fd, absl::string_view path,
+                                           uint64_t max_bytes) {
+  ASSIGN_OR_RETURN(uint64_t size, FileSize(fd, path));
   if (size > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         path, " is ", size, " bytes; the limit for this file is ", max_bytes));
   }
   std::string contents(size, '\0');
-  RETURN_IF_ERROR(PreadFull(fd.get(), contents.data(), size, 0, path));
+  RETURN_IF_ERROR(PreadFull(fd, contents.data(), size, 0, path));
   return contents;
 }
 

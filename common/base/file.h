@@ -48,6 +48,10 @@ absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
 /// file read from a dataset or a configuration goes through here.
 absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path);
 
+/// FAILED_PRECONDITION naming what `fd` is unless it is a regular file
+/// (OpenRegularFile's check, for descriptors opened elsewhere).
+absl::Status CheckRegularFile(int fd, absl::string_view path);
+
 /// Size of the file behind `fd` (fstat). `path` is only used in messages.
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 
@@ -81,6 +85,11 @@ absl::Status FsyncDirectory(const std::string& path);
 /// with RESOURCE_EXHAUSTED.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path,
                                              uint64_t max_bytes = 64 << 20);
+
+/// Reads the whole file behind `fd` (with pread, from offset 0) into a
+/// string; RESOURCE_EXHAUSTED over `max_bytes`. `path` is for messages.
+absl::StatusOr<std::string> ReadFdToString(int fd, absl::string_view path,
+                                           uint64_t max_bytes = 64 << 20);
 
 /// Creates `path` with `contents`, fsyncs it, and closes it. Fails with
 /// ALREADY_EXISTS if it exists.

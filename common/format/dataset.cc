@@ -26,21 +26,17 @@
 namespace shardcast {
 namespace {
 
-// Whether a directory entry exists, a dangling symlink included: a
-// labels.bin that points nowhere is an error when opened, never "no labels".
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
+absl::StatusOr<Json> ReadJsonFile(const DatasetFiles& files,
+                                 absl::string_view name) {
+  ASSIGN_OR_RETURN(std::string text, ReadDatasetFile(files, name));
+  return ParseJson(text, files.Path(name));
 }
 
-absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  return ParseJson(text, path);
-}
-
-absl::Status CheckFileSize(const std::string& path, uint64_t expected,
-                           uint64_t alternative, absl::string_view what) {
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
+absl::Status CheckFileSize(const DatasetFiles& files, absl::string_view name,
+                           uint64_t expected, uint64_t alternative,
+                           absl::string_view what) {
+  const std::string path = files.Path(name);
+  ASSIGN_OR_RETURN(UniqueFd fd, files.Open(name));
   ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
   if (size == expected || size == alternative) return absl::OkStatus();
   if (alternative == 0 && size >= expected) return absl::OkStatus();  // >=
@@ -136,42 +132,43 @@ absl::Status DescribeLmprobe(DatasetInfo* info) {
 }  // namespace
 
 absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir) {
+  return ReadDatasetInfo(DirectoryFiles(dir));
+}
+
+absl::StatusOr<DatasetInfo> ReadDatasetInfo(
+    std::shared_ptr<const DatasetFiles> files) {
   DatasetInfo info;
-  info.dir = dir;
-  while (info.dir.size() > 1 && info.dir.back() == '/') info.dir.pop_back();
-  // The name the hash is compared with is that of the directory the path
-  // resolves to ("." or "../x/." name the real directory).
-  if (char* resolved = ::realpath(info.dir.c_str(), nullptr)) {
-    info.dir_name = BaseName(resolved);
-    std::free(resolved);
-  } else {
-    info.dir_name = BaseName(info.dir);
+  info.files = std::move(files);
+  const DatasetFiles& f = *info.files;
+  info.dir = f.dir();
+  info.dir_name = f.dir_name();
+  if (const std::optional<std::string> dir = f.openable_dir()) {
+    struct stat st;
+    if (::stat(dir->c_str(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("dataset directory ", *dir));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*dir, " is not a directory"));
+    }
   }
-  struct stat st;
-  if (::stat(info.dir.c_str(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("dataset directory ", info.dir));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(info.dir, " is not a directory"));
-  }
-  const std::string meta_path = JoinPath(info.dir, kMetadataFile);
-  if (!Exists(meta_path) && LooksLikeLmprobeDir(info.dir)) {
+  if (!f.Exists(kMetadataFile) && f.openable_dir() &&
+      LooksLikeLmprobeDir(*f.openable_dir())) {
     RETURN_IF_ERROR(DescribeLmprobe(&info));
   } else {
-    ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(meta_path));
-    ASSIGN_OR_RETURN(info.desc, ParseMetadata(metadata, meta_path));
-    const std::string shards_path = JoinPath(info.dir, kShardsFile);
-    ASSIGN_OR_RETURN(Json shards, ReadJsonFile(shards_path));
-    RETURN_IF_ERROR(ParseShards(shards, shards_path, &info.desc));
+    ASSIGN_OR_RETURN(Json metadata, ReadJsonFile(f, kMetadataFile));
+    ASSIGN_OR_RETURN(info.desc,
+                     ParseMetadata(metadata, f.Path(kMetadataFile)));
+    ASSIGN_OR_RETURN(Json shards, ReadJsonFile(f, kShardsFile));
+    RETURN_IF_ERROR(ParseShards(shards, f.Path(kShardsFile), &info.desc));
     info.hash = info.desc.ContentHash();
     info.hash_matches_dir = info.hash == info.dir_name;
-    info.has_labels = Exists(JoinPath(info.dir, kLabelsFile));
-    info.has_checksums = Exists(JoinPath(info.dir, kChecksumsFile));
-    info.has_samples = Exists(JoinPath(info.dir, kSamplesFile));
+    info.has_labels = f.Exists(kLabelsFile);
+    info.has_checksums = f.Exists(kChecksumsFile);
+    info.has_samples = f.Exists(kSamplesFile);
   }
   // `shardcast stats` writes its sidecar beside either kind.
-  info.has_stats = Exists(JoinPath(info.dir, kStatsFile));
+  info.has_stats = f.Exists(kStatsFile);
   return info;
 }
 
@@ -236,7 +233,7 @@ std::vector<absl::Status> CheckDataFiles(const DatasetInfo& info) {
   if (info.has_labels) names.push_back(kLabelsFile);
   for (const std::string& name : names) {
     const AcceptedSize size = *DataFileSize(info, name);
-    absl::Status st = CheckFileSize(JoinPath(info.dir, name), size.exact,
+    absl::Status st = CheckFileSize(*info.files, name, size.exact,
                                     size.alternative, size.what);
     if (!st.ok()) problems.push_back(std::move(st));
   }
@@ -265,7 +262,12 @@ bool LooksLikeDatasetDir(const std::string& dir) {
 }
 
 absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir) {
-  ASSIGN_OR_RETURN(DatasetInfo info, ReadDatasetInfo(dir));
+  return OpenDatasetInfo(DirectoryFiles(dir));
+}
+
+absl::StatusOr<DatasetInfo> OpenDatasetInfo(
+    std::shared_ptr<const DatasetFiles> files) {
+  ASSIGN_OR_RETURN(DatasetInfo info, ReadDatasetInfo(std::move(files)));
   std::vector<absl::Status> problems = CheckDataFiles(info);
   if (!problems.empty()) return problems.front();
   return info;
@@ -309,33 +311,42 @@ std::vector<absl::Status> VerifyChecksums(const DatasetInfo& info,
                                                            uint64_t)) {
   std::vector<absl::Status> problems;
   if (!info.has_checksums) return problems;
-  const std::string path = JoinPath(info.dir, kChecksumsFile);
-  absl::StatusOr<std::string> text = ReadFileToString(path);
+  const DatasetFiles& files = *info.files;
+  const std::string path = files.Path(kChecksumsFile);
+  absl::StatusOr<std::string> text = ReadDatasetFile(files, kChecksumsFile);
   if (!text.ok()) return {text.status()};
   auto entries = ParseChecksums(*text, path);
   if (!entries.ok()) return {entries.status()};
 
   uint64_t total = 0, done = 0;
   for (const auto& [name, hex] : *entries) {
-    auto size = FileSize(JoinPath(info.dir, name));
+    absl::StatusOr<UniqueFd> fd = files.Open(name);
+    if (!fd.ok()) continue;
+    auto size = FileSize(fd->get(), files.Path(name));
     if (size.ok()) total += *size;
   }
   for (const auto& [name, hex] : *entries) {
-    const std::string file = JoinPath(info.dir, name);
+    const std::string file = files.Path(name);
+    absl::StatusOr<UniqueFd> opened = files.Open(name);
+    if (!opened.ok()) {
+      problems.push_back(opened.status());
+      continue;
+    }
+    const int fd = opened->get();
     // A file of the wrong size is reported, not hashed: a shard replaced by
     // a huge sparse file would otherwise keep verify busy for hours.
     const std::optional<AcceptedSize> accepted = DataFileSize(info, name);
     const uint64_t most = accepted
                               ? std::max(accepted->exact, accepted->alternative)
                               : limits::kMaxJsonBytes;
-    absl::StatusOr<uint64_t> size = FileSize(file);
+    absl::StatusOr<uint64_t> size = FileSize(fd, file);
     if (size.ok() && *size > most) {
       problems.push_back(absl::DataLossError(
           absl::StrCat(file, ": ", *size, " bytes, more than the ", most,
                        " it may have; not hashed")));
       continue;
     }
-    absl::StatusOr<std::string> digest = Sha256File(file, [&](uint64_t n) {
+    absl::StatusOr<std::string> digest = Sha256Fd(fd, file, [&](uint64_t n) {
       done += n;
       if (progress != nullptr) progress(done, total);
     });

@@ -3,12 +3,14 @@
 #ifndef SHARDCAST_COMMON_FORMAT_DATASET_H_
 #define SHARDCAST_COMMON_FORMAT_DATASET_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/format/dataset_files.h"
 #include "common/format/metadata.h"
 
 namespace shardcast {
@@ -20,8 +22,12 @@ inline constexpr char kChecksumsFile[] = "SHA256SUMS";
 
 /// A dataset directory whose JSON has been parsed and checked.
 struct DatasetInfo {
-  std::string dir;       // as given
-  std::string dir_name;  // last path component
+  std::string dir;       // as given (files->dir())
+  std::string dir_name;  // last component of the directory it resolves to
+  std::shared_ptr<const DatasetFiles> files;  // every read goes through it
+  // Set by whoever knows which files these are (the daemon, for datasets
+  // handed over by path): what per-dataset caches key on instead of `dir`.
+  std::string identity;
   DatasetDesc desc;
   std::string hash;  // desc.ContentHash()
   bool hash_matches_dir = false;
@@ -35,6 +41,8 @@ struct DatasetInfo {
 /// are opened). NOT_FOUND when a JSON file is missing; INVALID_ARGUMENT /
 /// UNIMPLEMENTED from ParseMetadata / ParseShards, prefixed with the path.
 absl::StatusOr<DatasetInfo> ReadDatasetInfo(const std::string& dir);
+absl::StatusOr<DatasetInfo> ReadDatasetInfo(
+    std::shared_ptr<const DatasetFiles> files);
 
 /// Checks every shard file listed with examples, and labels.bin when present:
 /// each must be a readable regular file whose size is either exactly its
@@ -62,6 +70,8 @@ bool LooksLikeDatasetDir(const std::string& dir);
 /// ReadDatasetInfo + CheckDataFiles; the first problem becomes the error.
 /// This is what readers and the daemon use before serving a dataset.
 absl::StatusOr<DatasetInfo> OpenDatasetInfo(const std::string& dir);
+absl::StatusOr<DatasetInfo> OpenDatasetInfo(
+    std::shared_ptr<const DatasetFiles> files);
 
 /// Parses SHA256SUMS text ("<64 hex>  <name>" or "<64 hex> *<name>" lines)
 /// into (name, hex) pairs. INVALID_ARGUMENT naming the line otherwise.

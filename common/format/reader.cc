@@ -12,7 +12,12 @@ namespace shardcast {
 
 absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     const std::string& dir) {
-  ASSIGN_OR_RETURN(DatasetInfo info, OpenDatasetInfo(dir));
+  return Open(DirectoryFiles(dir));
+}
+
+absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
+    std::shared_ptr<const DatasetFiles> files) {
+  ASSIGN_OR_RETURN(DatasetInfo info, OpenDatasetInfo(std::move(files)));
   std::unique_ptr<DatasetReader> reader(new DatasetReader(std::move(info)));
   // From a random start per process, so that a restarted daemon, which
   // opens the same datasets in the same order, numbers them differently.
@@ -21,19 +26,18 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
     return (uint64_t{rd()} << 32) ^ rd();
   }()};
   reader->serial_ = opened.fetch_add(1, std::memory_order_relaxed) + 1;
+  const DatasetFiles& handed = *reader->info_.files;
   for (const ShardEntry& s : reader->desc().shards) {
     UniqueFd fd;
     if (s.n_examples > 0) {
-      ASSIGN_OR_RETURN(fd,
-                       OpenRegularFile(JoinPath(reader->info_.dir, s.name)));
+      ASSIGN_OR_RETURN(fd, handed.Open(s.name));
     }
     reader->shard_fds_.push_back(std::move(fd));
-    reader->shard_paths_.push_back(JoinPath(reader->info_.dir, s.name));
+    reader->shard_paths_.push_back(handed.Path(s.name));
   }
-  reader->labels_path_ = JoinPath(reader->info_.dir, kLabelsFile);
+  reader->labels_path_ = handed.Path(kLabelsFile);
   if (reader->info_.has_labels) {
-    ASSIGN_OR_RETURN(reader->labels_fd_,
-                     OpenRegularFile(JoinPath(reader->info_.dir, kLabelsFile)));
+    ASSIGN_OR_RETURN(reader->labels_fd_, handed.Open(kLabelsFile));
   }
   return reader;
 }

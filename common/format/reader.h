@@ -37,8 +37,15 @@ class DatasetReader {
   /// those of OpenDatasetInfo and OpenFile.
   static absl::StatusOr<std::unique_ptr<DatasetReader>> Open(
       const std::string& dir);
+  /// The same for files handed over or opened elsewhere (DatasetFiles).
+  static absl::StatusOr<std::unique_ptr<DatasetReader>> Open(
+      std::shared_ptr<const DatasetFiles> files);
 
   const DatasetInfo& info() const { return info_; }
+  /// Sets info().identity (before the reader is shared).
+  void set_identity(std::string identity) {
+    info_.identity = std::move(identity);
+  }
   const DatasetDesc& desc() const { return info_.desc; }
   /// Tells this reader's open files apart from those of every other
   /// reader this process opened (a rescan's reader of the same directory

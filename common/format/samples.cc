@@ -18,6 +18,11 @@ constexpr uint64_t kMaxRecordBytes = uint64_t{16} << 20;
 absl::StatusOr<std::unique_ptr<SampleIndex>> SampleIndex::Build(
     const std::string& path, int64_t n_examples) {
   ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
+  return Build(std::move(fd), path, n_examples);
+}
+
+absl::StatusOr<std::unique_ptr<SampleIndex>> SampleIndex::Build(
+    UniqueFd fd, std::string path, int64_t n_examples) {
   ASSIGN_OR_RETURN(uint64_t size, FileSize(fd.get(), path));
   // Line starts: line 0 is the header, lines 1..n the records.
   std::vector<uint64_t> lines = {0};

@@ -32,6 +32,9 @@ class SampleIndex {
   /// exactly `n_examples` record lines; errno codes from opening it.
   static absl::StatusOr<std::unique_ptr<SampleIndex>> Build(
       const std::string& path, int64_t n_examples);
+  /// The same of a descriptor opened elsewhere (kept; `path` names it).
+  static absl::StatusOr<std::unique_ptr<SampleIndex>> Build(
+      UniqueFd fd, std::string path, int64_t n_examples);
 
   /// The JSON text of example `example`'s record, checked to be a JSON
   /// object whose "example" field is `example`. OUT_OF_RANGE for an example

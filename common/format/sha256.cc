@@ -116,12 +116,18 @@ std::string Sha256Hex(absl::string_view data) {
 absl::StatusOr<std::string> Sha256File(
     const std::string& path, const std::function<void(uint64_t)>& on_bytes) {
   ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
-  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  return Sha256Fd(fd.get(), path, on_bytes);
+}
+
+absl::StatusOr<std::string> Sha256Fd(
+    int fd, absl::string_view path,
+    const std::function<void(uint64_t)>& on_bytes) {
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::vector<char> buffer(8 << 20);
   Sha256 h;
   uint64_t offset = 0;
   while (true) {
-    const ssize_t n = ::pread(fd.get(), buffer.data(), buffer.size(),
+    const ssize_t n = ::pread(fd, buffer.data(), buffer.size(),
                               static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;

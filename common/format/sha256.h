@@ -57,6 +57,11 @@ class HmacSha256Key {
 absl::StatusOr<std::string> Sha256File(
     const std::string& path,
     const std::function<void(uint64_t)>& on_bytes = {});
+/// The same of an open descriptor (read with pread from offset 0); `path`
+/// is for messages.
+absl::StatusOr<std::string> Sha256Fd(
+    int fd, absl::string_view path,
+    const std::function<void(uint64_t)>& on_bytes = {});
 
 }  // namespace shardcast
 

@@ -702,9 +702,10 @@ absl::StatusOr<DatasetStats> StatsFromJson(const std::string& text,
 }
 
 absl::StatusOr<DatasetStats> ReadStatsSidecar(const DatasetInfo& info) {
-  const std::string path = SidecarPath(info);
+  const std::string path = info.files->Path(kStatsFile);
   ASSIGN_OR_RETURN(std::string text,
-                   ReadFileToString(path, SidecarByteLimit(info.desc)));
+                   ReadDatasetFile(*info.files, kStatsFile,
+                                   SidecarByteLimit(info.desc)));
   ASSIGN_OR_RETURN(DatasetStats stats, StatsFromJson(text, path));
   RETURN_IF_ERROR(CheckBelongsTo(stats, info, path));
   return stats;
@@ -712,6 +713,10 @@ absl::StatusOr<DatasetStats> ReadStatsSidecar(const DatasetInfo& info) {
 
 absl::Status WriteStatsSidecar(const DatasetInfo& info,
                                const DatasetStats& stats) {
+  if (!info.files->openable_dir()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        info.dir, ": a dataset handed over as descriptors gets no sidecar"));
+  }
   const std::string path = SidecarPath(info);
   RETURN_IF_ERROR(CheckBelongsTo(stats, info, path));
   const std::string text = StatsToJson(stats);

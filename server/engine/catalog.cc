@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,56 @@
 #include "common/base/status.h"
 
 namespace shardcast {
+
+namespace {
+
+double MonotonicSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Which files `reader` reads: (device, inode, size, mtime) of each data
+// file and of metadata.json/shards.json, and the content hash.
+absl::StatusOr<std::string> FilesIdentity(const DatasetReader& reader) {
+  std::string out = reader.info().hash;
+  auto add = [&out](int fd, absl::string_view path) -> absl::Status {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("stat ", path));
+    }
+    absl::StrAppend(&out, "|", st.st_dev, ":", st.st_ino, ":", st.st_size,
+                    ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+    return absl::OkStatus();
+  };
+  const DatasetFiles& files = *reader.info().files;
+  for (const char* name : {kMetadataFile, kShardsFile}) {
+    ASSIGN_OR_RETURN(UniqueFd fd, files.Open(name));
+    RETURN_IF_ERROR(add(fd.get(), files.Path(name)));
+  }
+  for (size_t i = 0; i < reader.desc().shards.size(); ++i) {
+    const int fd = reader.shard_fd(static_cast<int64_t>(i));
+    if (fd >= 0) RETURN_IF_ERROR(add(fd, reader.shard_path(i)));
+  }
+  if (reader.labels_fd() >= 0) {
+    RETURN_IF_ERROR(add(reader.labels_fd(), reader.labels_path()));
+  }
+  return out;
+}
+
+std::string RandomHex(int bytes) {
+  static thread_local std::mt19937_64 rng{[] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }()};
+  std::string out;
+  for (int i = 0; i < bytes; i += 8) {
+    absl::StrAppend(&out, absl::Hex(rng(), absl::kZeroPad16));
+  }
+  return out.substr(0, static_cast<size_t>(2 * bytes));
+}
+
+}  // namespace
 
 std::pair<int64_t, int64_t> Catalog::Rescan() {
   std::shared_ptr<const Snapshot> previous;
@@ -85,6 +137,13 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
       if (info.ok()) entry->info = *info;
       auto reader = DatasetReader::Open(dir);
       if (reader.ok()) {
+        // Which files these are: a client attaching the same files by path
+        // gets this entry (Attach).
+        if (absl::StatusOr<std::string> identity = FilesIdentity(**reader);
+            identity.ok()) {
+          (*reader)->set_identity(*identity);
+          entry->info->identity = *identity;
+        }
         entry->reader = std::move(*reader);
         const DatasetDesc& dd = entry->reader->desc();
         ++ok;
@@ -134,11 +193,79 @@ std::vector<std::shared_ptr<const CatalogEntry>> Catalog::List() const {
   return out;
 }
 
+std::string PublicDatasetId(absl::string_view id) {
+  if (id.empty() || id[0] != kAttachedPrefix) return std::string(id);
+  return std::string(id.substr(0, id.find('.')));
+}
+
+absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Attach(
+    std::shared_ptr<const DatasetFiles> files, double idle_seconds) {
+  const std::string dir = files->dir();
+  ASSIGN_OR_RETURN(std::unique_ptr<DatasetReader> reader,
+                   DatasetReader::Open(std::move(files)));
+  if (reader->desc().external != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir, ": only datasets of the shard protocol are attached by path"));
+  }
+  ASSIGN_OR_RETURN(std::string identity, FilesIdentity(*reader));
+  const double now = MonotonicSeconds();
+  MutexLock lock(&mu_);
+  // Files a root serves too: the catalog's entry (its scans are shared).
+  for (const auto& [id, entry] : *snapshot_) {
+    if (entry->status.ok() && entry->info && entry->info->identity == identity) {
+      return entry;
+    }
+  }
+  auto known = attached_ids_.find(identity);
+  if (known != attached_ids_.end()) {
+    Attached& a = attached_[known->second];
+    a.last_used = now;
+    return a.entry;
+  }
+  // Drop what nobody used for a while (a reader held by a stream or a
+  // query counts as used).
+  for (auto it = attached_.begin(); it != attached_.end();) {
+    if (now - it->second.last_used > idle_seconds &&
+        it->second.entry->reader.use_count() == 1) {
+      LogInfo("attached dataset ", PublicDatasetId(it->first), " (",
+              it->second.entry->dir, ") dropped: unused");
+      attached_ids_.erase(it->second.identity);
+      it = attached_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto entry = std::make_shared<CatalogEntry>();
+  const DatasetInfo& info = reader->info();
+  entry->id = absl::StrCat(std::string(1, kAttachedPrefix),
+                           info.hash.substr(0, 16), ".", RandomHex(16));
+  entry->dir = dir;
+  entry->info = info;
+  entry->info->identity = identity;
+  reader->set_identity(identity);
+  entry->reader = std::move(reader);
+  LogInfo("dataset ", dir, " attached as ", PublicDatasetId(entry->id),
+          ": protocol ", info.desc.protocol, ", ", info.desc.n_examples,
+          " examples");
+  attached_ids_[identity] = entry->id;
+  attached_[entry->id] = {entry, identity, now};
+  return std::shared_ptr<const CatalogEntry>(entry);
+}
+
+int64_t Catalog::attached() const {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(attached_.size());
+}
+
 absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Find(
     absl::string_view id) const {
   std::shared_ptr<const Snapshot> snap;
   {
     MutexLock lock(&mu_);
+    if (!id.empty() && id[0] == kAttachedPrefix) {
+      auto it = attached_.find(std::string(id));
+      if (it != attached_.end()) return it->second.entry;
+    }
     snap = snapshot_;
   }
   auto exact = snap->find(std::string(id));

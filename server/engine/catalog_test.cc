@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
+#include <map>
 #include <vector>
 
 #include "common/base/file.h"
@@ -164,6 +166,111 @@ TEST_F(CatalogTest, OutOfDescriptorsARescanKeepsTheCatalog) {
   EXPECT_EQ(ok, 1);
   EXPECT_EQ(failed, 0);
   EXPECT_TRUE(catalog.Resolve(a).ok()) << "the catalog was emptied";
+}
+
+// The files of `dir` as a client hands them over: each opened here.
+std::shared_ptr<const DatasetFiles> Hand(const std::string& dir,
+                                         const std::string& shown) {
+  std::map<std::string, HandedFile> files;
+  for (const char* name : {"metadata.json", "shards.json", "acts000000.bin"}) {
+    HandedFile f;
+    f.fd.Reset(::open(JoinPath(dir, name).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f.fd.valid()) f.error = errno;
+    files.emplace(name, std::move(f));
+  }
+  return HandedFiles(shown, BaseName(dir), std::move(files));
+}
+
+TEST_F(CatalogTest, AttachedFilesAreOneDatasetWhateverTheirPathAndACopyIsAnother) {
+  const std::string id = Write(root_a_, 3);
+  const std::string dir = JoinPath(root_a_, id);
+  Catalog catalog({root_b_});  // the root does not serve it
+  catalog.Rescan();
+  auto first = catalog.Attach(Hand(dir, "/some/path"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string attached = (*first)->id;
+  // "@" + 16 hex of the content hash + "." + 32 random hex.
+  ASSERT_EQ(attached.size(), 1u + 16 + 1 + 32);
+  EXPECT_EQ(attached.substr(0, 17), "@" + id.substr(0, 16));
+  EXPECT_EQ(PublicDatasetId(attached), "@" + id.substr(0, 16));
+  EXPECT_EQ((*first)->dir, "/some/path");
+  auto again = catalog.Attach(Hand(dir, "/another/path"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->id, attached);
+  EXPECT_EQ(catalog.attached(), 1);
+  // Found by the whole id only, and not listed.
+  EXPECT_TRUE(catalog.Resolve(attached).ok());
+  EXPECT_EQ(catalog.Find(attached.substr(0, 20)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(catalog.List().empty());
+  // A copy of the same bytes (same content hash) is another dataset.
+  const std::string copy = JoinPath(root_b_, "copy");
+  ASSERT_EQ(::mkdir(copy.c_str(), 0755), 0);
+  for (const char* name : {"metadata.json", "shards.json", "acts000000.bin"}) {
+    auto text = ReadFileToString(JoinPath(dir, name));
+    ASSERT_TRUE(text.ok());
+    ASSERT_TRUE(WriteNewFile(JoinPath(copy, name), *text).ok());
+  }
+  auto other = catalog.Attach(Hand(copy, copy));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->id, attached);
+  EXPECT_EQ(catalog.attached(), 2);
+}
+
+TEST_F(CatalogTest, AttachingFilesARootServesGivesTheCatalogEntry) {
+  const std::string id = Write(root_a_, 3);
+  Catalog catalog({root_a_});
+  catalog.Rescan();
+  auto entry = catalog.Attach(Hand(JoinPath(root_a_, id), "/elsewhere"));
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  EXPECT_EQ((*entry)->id, id);
+  EXPECT_EQ(catalog.attached(), 0);
+}
+
+TEST_F(CatalogTest, AttachingWhatIsNotADatasetNamesTheClientsPath) {
+  const std::string id = Write(root_a_, 3);
+  const std::string dir = JoinPath(root_a_, id);
+  Catalog catalog({root_b_});
+  // A shard the client could not open: its errno, naming the client's path.
+  std::map<std::string, HandedFile> files;
+  for (const char* name : {"metadata.json", "shards.json"}) {
+    files[name].fd.Reset(::open(JoinPath(dir, name).c_str(), O_RDONLY));
+  }
+  files["acts000000.bin"].error = EACCES;
+  auto denied = catalog.Attach(HandedFiles("/user/path", id, std::move(files)));
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.status().message().find("/user/path/acts000000.bin"),
+            std::string::npos)
+      << denied.status();
+  // No metadata.json at all.
+  auto empty = catalog.Attach(HandedFiles("/user/empty", "empty", {}));
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(empty.status().message().find("/user/empty/metadata.json"),
+            std::string::npos)
+      << empty.status();
+  EXPECT_EQ(catalog.attached(), 0);
+}
+
+TEST_F(CatalogTest, AnAttachedDatasetUnusedForLongIsDroppedWhileOneInUseStays) {
+  const std::string a = Write(root_a_, 3);
+  const std::string b = Write(root_a_, 4);
+  const std::string c = Write(root_a_, 5);
+  Catalog catalog({root_b_});
+  auto first = catalog.Attach(Hand(JoinPath(root_a_, a), "/a"));
+  auto second = catalog.Attach(Hand(JoinPath(root_a_, b), "/b"));
+  ASSERT_TRUE(first.ok() && second.ok());
+  const std::string first_id = (*first)->id, second_id = (*second)->id;
+  // A stream holds the second's reader; nothing holds the first's.
+  std::shared_ptr<const DatasetReader> in_use = (*second)->reader;
+  first->reset();
+  second->reset();
+  ::usleep(20 * 1000);
+  // Another dataset's attach with a tiny idle bound sweeps.
+  ASSERT_TRUE(catalog.Attach(Hand(JoinPath(root_a_, c), "/c"), 0.001).ok());
+  EXPECT_EQ(catalog.attached(), 2);
+  EXPECT_TRUE(catalog.Resolve(second_id).ok()) << "in use: kept";
+  EXPECT_EQ(catalog.Resolve(first_id).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ class OncePerDataset {
   template <typename Make>
   absl::StatusOr<T> Get(const DatasetInfo& info, Make make)
       ABSL_LOCKS_EXCLUDED(mu_) {
-    const std::string key = absl::StrCat(info.dir, "\n", info.hash);
+    const std::string key = absl::StrCat(
+        info.identity.empty() ? info.dir : info.identity, "\n", info.hash);
     std::shared_ptr<Slot> slot;
     {
       MutexLock lock(&mu_);

@@ -106,6 +106,11 @@ class Engine {
   std::pair<int64_t, int64_t> Rescan();
 
   const Catalog& catalog() const { return *catalog_; }
+  /// A dataset a local client handed over by path (Catalog::Attach).
+  absl::StatusOr<std::shared_ptr<const CatalogEntry>> Attach(
+      std::shared_ptr<const DatasetFiles> files) {
+    return catalog_->Attach(std::move(files));
+  }
   /// The node group of streams that name none (EngineOptions).
   std::pair<int64_t, int64_t> node_group() const {
     return {options_.node_rank, options_.node_count};

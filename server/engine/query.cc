@@ -354,13 +354,16 @@ absl::StatusOr<std::string> QueryEngine::GetExampleInfo(
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   const DatasetInfo& info = reader->info();
-  const std::string path = JoinPath(info.dir, kSamplesFile);
   ASSIGN_OR_RETURN(
       std::shared_ptr<const SampleIndex> index,
       samples_.Get(
           info, [&]() -> absl::StatusOr<std::shared_ptr<const SampleIndex>> {
+            absl::StatusOr<UniqueFd> fd = info.files->Open(kSamplesFile);
             absl::StatusOr<std::unique_ptr<SampleIndex>> built =
-                SampleIndex::Build(path, info.desc.n_examples);
+                fd.ok() ? SampleIndex::Build(std::move(*fd),
+                                             info.files->Path(kSamplesFile),
+                                             info.desc.n_examples)
+                        : fd.status();
             if (!built.ok() &&
                 built.status().code() == absl::StatusCode::kNotFound) {
               return absl::NotFoundError(absl::StrCat(

@@ -215,7 +215,7 @@ def start_daemon(request, sockdir, tmp_path, datasets):
             rundirs.append(run)
             os.chown(run, user.pw_uid, user.pw_gid)
             sock = run / "d.sock"
-        d = Daemon(roots or [datasets.root], sock, tmp_path / f"shardcastd-{n}.log",
+        d = Daemon([datasets.root] if roots is None else roots, sock, tmp_path / f"shardcastd-{n}.log",
                    (SMALL_DAEMON if small else ()) + tuple(extra))
         if user is not None:
             d.cmd = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",

@@ -365,6 +365,15 @@ class Client {
   /// unknown, INVALID_ARGUMENT when the prefix is short or ambiguous.
   absl::StatusOr<DatasetDescription> DescribeDataset(
       const std::string& dataset);
+  /// The dataset in directory `path`, named by its path: this process
+  /// opens the directory's dataset files with its own permissions and hands
+  /// them to the daemon over its local channel (docs/local-clients.md,
+  /// "Datasets by path"); the description's `id` names it in every other
+  /// call. The same files reached by any path are one dataset. The errno's
+  /// code naming `path` when it cannot be opened; the daemon's validation
+  /// error (NOT_FOUND naming a missing file, DATA_LOSS, ...) when it is not
+  /// a dataset; FAILED_PRECONDITION for a daemon not on this node.
+  absl::StatusOr<DatasetDescription> AttachDataset(const std::string& path);
   /// The daemon's counters and its active shared scans.
   absl::StatusOr<DaemonStatus> GetStatus();
   /// grpc.health.v1 serving states.

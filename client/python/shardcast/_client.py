@@ -326,6 +326,7 @@ class Client:
                 "the first shardcast.Client only inside the workers"))
         _channel_opened = True
         self.address = address
+        self.timeout = timeout
         self.shared_memory = shared_memory
         self.slots = max(2, min(16, int(slots)))
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -387,6 +388,42 @@ class Client:
         """One dataset by id or unique prefix (>= 8 characters)."""
         return _record(_call(self._admin.DescribeDataset,
                              pb.DescribeDatasetRequest(dataset=dataset)))
+
+    def attach(self, path):
+        """The dataset in directory `path`, named by its path: returns its
+        record (the fields of describe(); `.id` names it in every other
+        call). This process opens the directory's files with its own
+        permissions and hands them to the daemon over the local channel
+        (docs/local-clients.md, "Datasets by path"): no root to configure,
+        and the daemon reads only what this user could open. The same files
+        reached by any path are one dataset with one shared scan.
+
+        Error NOT_FOUND / PERMISSION_DENIED / FAILED_PRECONDITION naming
+        `path` when it cannot be opened or is not a dataset; needs a daemon
+        on this node (a unix: address).
+        """
+        path = os.fspath(path)
+        sock = _local.socket_path(self.address)
+        if sock is None:
+            raise Error("FAILED_PRECONDITION", f"{path}: datasets are named by path "
+                        "only on the daemon's node (a unix: address); name a "
+                        "catalog dataset by its id over TCP")
+        if not os.path.exists(sock):
+            raise Error("UNAVAILABLE", f"{path}: the daemon at {self.address} has "
+                        f"no local channel ({sock}), so it takes no datasets by path")
+        try:
+            dataset = _local.attach(sock, path, self.timeout)
+        except _local.Refused as e:
+            raise Error(_code_name(e.code), e.message) from None
+        except FileNotFoundError:
+            raise Error("NOT_FOUND", f"{path}: no such directory") from None
+        except NotADirectoryError:
+            raise Error("FAILED_PRECONDITION", f"{path}: not a directory") from None
+        except PermissionError:
+            raise Error("PERMISSION_DENIED", f"{path}: permission denied") from None
+        except OSError as e:
+            raise Error("UNAVAILABLE", f"attaching {path}: {e}") from None
+        return self.describe(dataset)
 
     def status(self):
         """The daemon's counters, shared scans and shared-memory regions."""

@@ -9,7 +9,9 @@ shared memory region and hands its memfd over:
 
 - a batch region (BatchRegion): slots a SharedStream writes batches into;
 - a query region (LocalQueries): get_vectors writes the coordinates into it
-  and sends one small request, and the daemon reads the vectors into it.
+  and sends one small request, and the daemon reads the vectors into it;
+- datasets by path (attach): this process opens a dataset directory's files
+  with its own credentials and hands the descriptors over.
 
 Single vectors are read here (direct reads, as the C++ library does): the
 daemon hands over a dataset's layout (common/local/vector_layout.h) and
@@ -18,8 +20,10 @@ pread: one wake-up per read instead of the daemon's and then this thread's.
 """
 
 import bisect
+import errno
 import mmap
 import os
+import re
 import resource
 import socket
 import struct
@@ -119,18 +123,21 @@ class Connection:
     def close(self):
         self.sock.close()
 
-    def ask(self, request, timeout=None):
-        """Sends `request` (a LocalRequest; its id is set here) and returns
-        (reply, files): the LocalReply that answers it and the descriptors
-        it carried, as _File. OSError when the connection broke or no reply
-        came within `timeout` seconds; Refused(DATA_LOSS) for a reply that
-        does not answer the request."""
+    def ask(self, request, timeout=None, fds=()):
+        """Sends `request` (a LocalRequest; its id is set here) with `fds`
+        and returns (reply, files): the LocalReply that answers it and the
+        descriptors it carried, as _File. OSError when the connection broke
+        or no reply came within `timeout` seconds; Refused(DATA_LOSS) for a
+        reply that does not answer the request."""
         request.id = self._next_id
         self._next_id += 1
-        request.descriptors = 0
+        request.descriptors = len(fds)
         self.sock.settimeout(timeout)
         try:
-            self.sock.send(request.SerializeToString())
+            if fds:
+                socket.send_fds(self.sock, [request.SerializeToString()], list(fds))
+            else:
+                self.sock.send(request.SerializeToString())
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused at once (not allowed, busy): the reply says why
         data, fds, flags, _ = socket.recv_fds(self.sock, _MAX_MESSAGE + 1,
@@ -152,6 +159,60 @@ class Connection:
             raise Refused(DATA_LOSS, "the daemon's local channel reply does "
                                       "not answer the request")
         return reply, files
+
+
+# The files of a dataset directory the daemon reads (common/format/dataset.h,
+# the shard protocol): what attach opens and hands over.
+_DATASET_FILE = re.compile(r"^(metadata\.json|shards\.json|labels\.bin|SHA256SUMS|"
+                           r"samples\.json|shardcast_stats\.json|acts[^/]*\.bin)$")
+
+
+def attach(socket_path, path, timeout=None):
+    """Hands the daemon the dataset in directory `path`, opened here with
+    this process's credentials (LocalRequest.Attach), and returns its id.
+    OSError when `path` cannot be opened as a directory (as open(2) says);
+    Refused with the daemon's code and message when it does not serve it."""
+    display = os.fsencode(os.fspath(path))
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        names = sorted(n for n in os.listdir(dir_fd) if _DATASET_FILE.match(n))
+        dir_name = os.path.basename(os.path.realpath(path)) or "/"
+        conn = Connection(socket_path, timeout)
+        try:
+            # A part at a time: never more than one message's descriptors
+            # open here (a dataset may have thousands of shards).
+            parts = [names[i:i + _MAX_DESCRIPTORS]
+                     for i in range(0, len(names), _MAX_DESCRIPTORS)] or [[]]
+            for k, part in enumerate(parts):
+                req = local_pb2.LocalRequest()
+                a = req.attach
+                if k == 0:
+                    a.path = display
+                    a.dir_name = os.fsencode(dir_name)
+                a.more = k + 1 < len(parts)
+                fds = []
+                try:
+                    for name in part:
+                        try:
+                            fds.append(os.open(name, os.O_RDONLY | os.O_NONBLOCK |
+                                               os.O_NOCTTY | os.O_CLOEXEC,
+                                               dir_fd=dir_fd))
+                            err = 0
+                        except OSError as e:
+                            err = e.errno or errno.EIO
+                        a.names.append(os.fsencode(name))
+                        a.errors.append(err)
+                    reply, _ = conn.ask(req, timeout, fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                if reply.code != 0:
+                    raise Refused(reply.code, reply.message)
+            return reply.attach.dataset.decode("utf-8", "replace")
+        finally:
+            conn.close()
+    finally:
+        os.close(dir_fd)
 
 
 class BatchRegion:

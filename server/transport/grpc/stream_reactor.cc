@@ -281,7 +281,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     StreamInfo info;
     info.client = client_;
     info.peer = peer_;
-    info.dataset = Quoted(req.dataset());
+    info.dataset = Quoted(PublicDatasetId(req.dataset()));
     info.order =
         options->order == StreamOrder::kShuffled ? "shuffled" : "ordered";
     info.transport = slots_ != nullptr ? "shm" : "grpc";

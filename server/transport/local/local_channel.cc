@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +45,12 @@ struct Conn {
   absl::Status refusal;     // not OK: the answer to its first request
   SharedMapping query;      // its query region, once asked for
   std::string batch_token;  // its batch region's, once asked for
+  // An Attach sent in parts: the files so far.
+  struct PendingAttach {
+    std::string path, dir_name;
+    std::map<std::string, HandedFile> files;
+  };
+  std::optional<PendingAttach> attaching;
   // The request in service (busy) and its reads.
   bool busy = false;
   LocalReply reply;
@@ -134,6 +142,8 @@ class LocalChannel::Loop {
   void OnVectors(Conn& c, const LocalRequest& request);
   // Direct reads (Layout, OpenFiles): answered at once, no disk.
   void OnDirect(Conn& c, const LocalRequest& request);
+  void OnAttach(Conn& c, const LocalRequest& request,
+                std::vector<UniqueFd> fds);
   absl::Status WriteLayout(Conn& c, const LocalRequest::Layout& request,
                            LocalReply* reply);
   absl::Status Plan(Conn& c, const LocalRequest::Vectors& request);
@@ -304,7 +314,7 @@ void LocalChannel::Loop::OnPoll(Conn& c) {
     Close(c);
     return;
   }
-  if (!fds.empty()) {
+  if (request.op_case() != LocalRequest::kAttach && !fds.empty()) {
     SetError(&reply, absl::InvalidArgumentError(
                          "this request takes no descriptors, and it carried " +
                          std::to_string(fds.size())));
@@ -324,6 +334,9 @@ void LocalChannel::Loop::OnPoll(Conn& c) {
     case LocalRequest::kLayout:
     case LocalRequest::kOpenFiles:
       OnDirect(c, request);
+      return;
+    case LocalRequest::kAttach:
+      OnAttach(c, request, std::move(fds));
       return;
     case LocalRequest::OP_NOT_SET:
       break;
@@ -439,6 +452,89 @@ void LocalChannel::Loop::OnVectors(Conn& c, const LocalRequest& request) {
   for (size_t i = 0; i < c.plan.ops.size(); ++i) {
     if (c.done[i] < c.plan.ops[i].length) SubmitRead(c, i);
   }
+}
+
+// At most this many files in one attached dataset (its shards, JSON,
+// labels and sidecars): the shard count bound and a few more.
+constexpr size_t kMaxAttachedFiles = 1 << 16;
+
+void LocalChannel::Loop::OnAttach(Conn& c, const LocalRequest& request,
+                                  std::vector<UniqueFd> fds) {
+  LocalReply reply;
+  reply.set_id(request.id());
+  const LocalRequest::Attach& part = request.attach();
+  absl::Status status = [&]() -> absl::Status {
+    if (!options_.attach) {
+      return absl::UnimplementedError(
+          "this daemon attaches no datasets by path");
+    }
+    if (part.names_size() != part.errors_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attach: ", part.names_size(), " names but ",
+                       part.errors_size(), " errors"));
+    }
+    size_t carried = 0;
+    for (int32_t e : part.errors()) carried += e == 0 ? 1 : 0;
+    if (carried != fds.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attach: ", carried, " files opened but ", fds.size(),
+                       " descriptors carried"));
+    }
+    if (!c.attaching) {
+      if (part.path().empty() || part.path().size() > 4096 ||
+          part.dir_name().empty() || part.dir_name().size() > 255) {
+        return absl::InvalidArgumentError(
+            "attach: give the directory's path and name");
+      }
+      c.attaching.emplace();
+      c.attaching->path = ValidUtf8(part.path());
+      c.attaching->dir_name = part.dir_name();
+    }
+    auto& files = c.attaching->files;
+    if (files.size() + static_cast<size_t>(part.names_size()) >
+        kMaxAttachedFiles) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attach: more than ", kMaxAttachedFiles, " files in one dataset"));
+    }
+    size_t next_fd = 0;
+    for (int i = 0; i < part.names_size(); ++i) {
+      const std::string& name = part.names(i);
+      if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
+          name.find('/') != std::string::npos ||
+          name.find('\0') != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "attach: \"", Quoted(name), "\" is not a file name"));
+      }
+      HandedFile f;
+      if (part.errors(i) == 0) {
+        f.fd = std::move(fds[next_fd++]);
+      } else {
+        f.error = part.errors(i) > 0 ? part.errors(i) : EIO;
+      }
+      if (!files.emplace(name, std::move(f)).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "attach: \"", Quoted(name), "\" is given twice"));
+      }
+    }
+    if (part.more()) {
+      reply.mutable_attach();
+      return absl::OkStatus();
+    }
+    Conn::PendingAttach done = std::move(*c.attaching);
+    c.attaching.reset();
+    ASSIGN_OR_RETURN(
+        std::string id,
+        options_.attach(HandedFiles(std::move(done.path),
+                                    std::move(done.dir_name),
+                                    std::move(done.files))));
+    reply.mutable_attach()->set_dataset(id);
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    c.attaching.reset();  // a failed part ends the attach
+    SetError(&reply, status);
+  }
+  Answer(c, reply);
 }
 
 void LocalChannel::Loop::OnDirect(Conn& c, const LocalRequest& request) {

@@ -9,7 +9,9 @@
 //     query region the daemon made and handed to the client;
 //   - direct reads: a dataset's layout and read-only descriptors of its
 //     files, so a client reads single vectors itself with one wake-up per
-//     read instead of two.
+//     read instead of two;
+//   - datasets by path: the client opens a dataset's files with its own
+//     credentials and hands the descriptors over (Attach).
 //
 // Why not gRPC: a gRPC call costs both sides a fixed ~0.1-0.8 ms of CPU and
 // thread hops whatever it asks for (tests/bench/results/HISTORY.md, random
@@ -44,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/file.h"
+#include "common/format/dataset_files.h"
 #include "server/engine/query.h"
 #include "server/transport/local/batch_regions.h"
 #include "server/transport/metrics.h"
@@ -83,6 +86,12 @@ struct LocalChannelOptions {
   /// OpenFiles; docs/local-clients.md, "Direct reads"). False: every
   /// vector is read by the daemon.
   bool direct_reads = true;
+  /// Serves a dataset whose files a client handed over (Attach) and
+  /// returns its id; empty: attaching is off (UNIMPLEMENTED). The daemon
+  /// passes the catalog's Attach. Called on a channel thread.
+  std::function<absl::StatusOr<std::string>(
+      std::shared_ptr<const DatasetFiles>)>
+      attach;
 };
 
 /// Serves the local channel on its own threads until destroyed.

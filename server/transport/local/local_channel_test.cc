@@ -7,6 +7,7 @@
 // (tests/integration/daemon_test.cc).
 #include "server/transport/local/local_channel.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -26,6 +27,7 @@
 
 #include "client/local_channel_internal.h"
 #include "client/shared_memory_internal.h"
+#include "common/base/status.h"
 #include "common/local/channel.h"
 #include "common/testing/testing.h"
 #include "gtest/gtest.h"
@@ -71,7 +73,7 @@ class GatedPopulate {
 class LocalChannelTest : public ::testing::Test {
  protected:
   void Start(std::function<void(char*, uint64_t)> populate,
-             int max_connections = 256) {
+             int max_connections = 256, bool attach = false) {
     EngineOptions o;
     o.roots = {tmp_.path()};
     o.reservoir.slot_bytes = kMiB;
@@ -85,6 +87,13 @@ class LocalChannelTest : public ::testing::Test {
     LocalChannelOptions co;
     co.path = socket_;
     co.max_connections = max_connections;
+    if (attach) {
+      co.attach = [this](std::shared_ptr<const DatasetFiles> files)
+          -> absl::StatusOr<std::string> {
+        ASSIGN_OR_RETURN(auto entry, engine_->Attach(std::move(files)));
+        return entry->id;
+      };
+    }
     // No queries here: their requests are answered UNIMPLEMENTED.
     auto s = LocalChannel::Start(co, nullptr, regions_.get(), &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -294,6 +303,81 @@ TEST_F(LocalChannelTest, QueriesOffAreAnsweredUnimplemented) {
   EXPECT_NE(status.message().find("--disable-local-queries"), std::string::npos)
       << status;
   EXPECT_TRUE(fds.empty());
+}
+
+
+TEST_F(LocalChannelTest, AnAttachThatDoesNotAddUpIsRefusedAndTheConnectionStays) {
+  Start(nullptr, 256, /*attach=*/true);
+  auto c = LocalConnection::Connect(socket_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  UniqueFd file(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const int raw[] = {file.get()};
+  struct Case {
+    const char* what;
+    std::function<void(v1::LocalRequest::Attach*)> fill;
+    std::vector<int> send;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"names without errors",
+       [](auto* a) { a->add_names("metadata.json"); }, {}, "names but"},
+      {"a descriptor it does not count",
+       [](auto* a) {
+         a->add_names("metadata.json");
+         a->add_errors(2);
+       },
+       {raw[0]}, "descriptors carried"},
+      {"a name that is a path",
+       [](auto* a) {
+         a->add_names("../etc/passwd");
+         a->add_errors(2);
+       },
+       {}, "is not a file name"},
+      {"a name given twice",
+       [](auto* a) {
+         a->add_names("x.bin");
+         a->add_errors(2);
+         a->add_names("x.bin");
+         a->add_errors(2);
+       },
+       {}, "given twice"},
+      {"no path", [](auto* a) { a->set_path(""); }, {}, "path and name"},
+  };
+  for (const Case& k : cases) {
+    v1::LocalRequest request;
+    v1::LocalRequest::Attach* a = request.mutable_attach();
+    a->set_path("/p");
+    a->set_dir_name("p");
+    k.fill(a);
+    const absl::Status status = c->AskOk(request, &reply, &fds, "", 0, k.send);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+        << k.what << ": " << status;
+    EXPECT_NE(status.message().find(k.says), std::string::npos)
+        << k.what << ": " << status;
+  }
+  // Still usable: a well-formed attach of a directory without a dataset.
+  v1::LocalRequest request;
+  request.mutable_attach()->set_path("/user/dir");
+  request.mutable_attach()->set_dir_name("dir");
+  const absl::Status status = c->AskOk(request, &reply, &fds, "");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_NE(status.message().find("/user/dir/metadata.json"), std::string::npos)
+      << status;
+}
+
+TEST_F(LocalChannelTest, AttachOffIsAnsweredUnimplemented) {
+  Start(nullptr);
+  auto c = LocalConnection::Connect(socket_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::LocalRequest request;
+  request.mutable_attach()->set_path("/p");
+  request.mutable_attach()->set_dir_name("p");
+  v1::LocalReply reply;
+  std::vector<UniqueFd> fds;
+  EXPECT_EQ(c->AskOk(request, &reply, &fds, "").code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18shardcast/v1/local.proto\x12\x0cshardcast.v1\"\xef\x04\n\x0cLocalRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65scriptors\x18\x02 \x01(\r\x12>\n\x0c\x62\x61tch_region\x18\n \x01(\x0b\x32&.shardcast.v1.LocalRequest.BatchRegionH\x00\x12>\n\x0cquery_region\x18\x0b \x01(\x0b\x32&.shardcast.v1.LocalRequest.QueryRegionH\x00\x12\x35\n\x07vectors\x18\x0c \x01(\x0b\x32\".shardcast.v1.LocalRequest.VectorsH\x00\x12\x33\n\x06layout\x18\r \x01(\x0b\x32!.shardcast.v1.LocalRequest.LayoutH\x00\x12:\n\nopen_files\x18\x0e \x01(\x0b\x32$.shardcast.v1.LocalRequest.OpenFilesH\x00\x1a\x30\n\x0b\x42\x61tchRegion\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x12\n\nslot_bytes\x18\x02 \x01(\x04\x1a\x1c\n\x0bQueryRegion\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x1aT\n\x07Vectors\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x15\n\rcoords_offset\x18\x03 \x01(\x04\x12\x12\n\nout_offset\x18\x04 \x01(\x04\x1a-\n\x06Layout\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\x12\n\nout_offset\x18\x02 \x01(\x04\x1a;\n\tOpenFiles\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\x0e\n\x06serial\x18\x02 \x01(\x04\x12\r\n\x05\x66iles\x18\x03 \x03(\x03\x42\x04\n\x02op\"\xfe\x04\n\nLocalReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65scriptors\x18\x02 \x01(\r\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x19\n\x11need_region_bytes\x18\x05 \x01(\x04\x12<\n\x0c\x62\x61tch_region\x18\n \x01(\x0b\x32$.shardcast.v1.LocalReply.BatchRegionH\x00\x12<\n\x0cquery_region\x18\x0b \x01(\x0b\x32$.shardcast.v1.LocalReply.QueryRegionH\x00\x12\x33\n\x07vectors\x18\x0c \x01(\x0b\x32 .shardcast.v1.LocalReply.VectorsH\x00\x12\x31\n\x06layout\x18\r \x01(\x0b\x32\x1f.shardcast.v1.LocalReply.LayoutH\x00\x12\x38\n\nopen_files\x18\x0e \x01(\x0b\x32\".shardcast.v1.LocalReply.OpenFilesH\x00\x1aU\n\x0b\x42\x61tchRegion\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x12\n\nslot_bytes\x18\x02 \x01(\x04\x12\x14\n\x0cregion_bytes\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x1a\x36\n\x0bQueryRegion\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x18\n\x10max_region_bytes\x18\x02 \x01(\x04\x1a(\n\x07Vectors\x12\x0c\n\x04rows\x18\x01 \x01(\x04\x12\x0f\n\x07\x64_model\x18\x02 \x01(\x04\x1a\'\n\x06Layout\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06serial\x18\x02 \x01(\x04\x1a\x0b\n\tOpenFilesB\x08\n\x06resultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18shardcast/v1/local.proto\x12\x0cshardcast.v1\"\xfb\x05\n\x0cLocalRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65scriptors\x18\x02 \x01(\r\x12>\n\x0c\x62\x61tch_region\x18\n \x01(\x0b\x32&.shardcast.v1.LocalRequest.BatchRegionH\x00\x12>\n\x0cquery_region\x18\x0b \x01(\x0b\x32&.shardcast.v1.LocalRequest.QueryRegionH\x00\x12\x35\n\x07vectors\x18\x0c \x01(\x0b\x32\".shardcast.v1.LocalRequest.VectorsH\x00\x12\x33\n\x06layout\x18\r \x01(\x0b\x32!.shardcast.v1.LocalRequest.LayoutH\x00\x12:\n\nopen_files\x18\x0e \x01(\x0b\x32$.shardcast.v1.LocalRequest.OpenFilesH\x00\x12\x33\n\x06\x61ttach\x18\x0f \x01(\x0b\x32!.shardcast.v1.LocalRequest.AttachH\x00\x1a\x30\n\x0b\x42\x61tchRegion\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x12\n\nslot_bytes\x18\x02 \x01(\x04\x1a\x1c\n\x0bQueryRegion\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x1aT\n\x07Vectors\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x15\n\rcoords_offset\x18\x03 \x01(\x04\x12\x12\n\nout_offset\x18\x04 \x01(\x04\x1a-\n\x06Layout\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\x12\n\nout_offset\x18\x02 \x01(\x04\x1a;\n\tOpenFiles\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x12\x0e\n\x06serial\x18\x02 \x01(\x04\x12\r\n\x05\x66iles\x18\x03 \x03(\x03\x1aU\n\x06\x41ttach\x12\x0c\n\x04path\x18\x01 \x01(\x0c\x12\x10\n\x08\x64ir_name\x18\x02 \x01(\x0c\x12\r\n\x05names\x18\x03 \x03(\x0c\x12\x0e\n\x06\x65rrors\x18\x04 \x03(\x05\x12\x0c\n\x04more\x18\x05 \x01(\x08\x42\x04\n\x02op\"\xcc\x05\n\nLocalReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65scriptors\x18\x02 \x01(\r\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x19\n\x11need_region_bytes\x18\x05 \x01(\x04\x12<\n\x0c\x62\x61tch_region\x18\n \x01(\x0b\x32$.shardcast.v1.LocalReply.BatchRegionH\x00\x12<\n\x0cquery_region\x18\x0b \x01(\x0b\x32$.shardcast.v1.LocalReply.QueryRegionH\x00\x12\x33\n\x07vectors\x18\x0c \x01(\x0b\x32 .shardcast.v1.LocalReply.VectorsH\x00\x12\x31\n\x06layout\x18\r \x01(\x0b\x32\x1f.shardcast.v1.LocalReply.LayoutH\x00\x12\x38\n\nopen_files\x18\x0e \x01(\x0b\x32\".shardcast.v1.LocalReply.OpenFilesH\x00\x12\x31\n\x06\x61ttach\x18\x0f \x01(\x0b\x32\x1f.shardcast.v1.LocalReply.AttachH\x00\x1aU\n\x0b\x42\x61tchRegion\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x12\n\nslot_bytes\x18\x02 \x01(\x04\x12\x14\n\x0cregion_bytes\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x0c\x1a\x36\n\x0bQueryRegion\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x18\n\x10max_region_bytes\x18\x02 \x01(\x04\x1a(\n\x07Vectors\x12\x0c\n\x04rows\x18\x01 \x01(\x04\x12\x0f\n\x07\x64_model\x18\x02 \x01(\x04\x1a\'\n\x06Layout\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06serial\x18\x02 \x01(\x04\x1a\x0b\n\tOpenFiles\x1a\x19\n\x06\x41ttach\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\x0c\x42\x08\n\x06resultb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardcast.v1.local_pb2', globals())
@@ -21,27 +21,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   _LOCALREQUEST._serialized_start=43
-  _LOCALREQUEST._serialized_end=666
-  _LOCALREQUEST_BATCHREGION._serialized_start=388
-  _LOCALREQUEST_BATCHREGION._serialized_end=436
-  _LOCALREQUEST_QUERYREGION._serialized_start=438
-  _LOCALREQUEST_QUERYREGION._serialized_end=466
-  _LOCALREQUEST_VECTORS._serialized_start=468
-  _LOCALREQUEST_VECTORS._serialized_end=552
-  _LOCALREQUEST_LAYOUT._serialized_start=554
-  _LOCALREQUEST_LAYOUT._serialized_end=599
-  _LOCALREQUEST_OPENFILES._serialized_start=601
-  _LOCALREQUEST_OPENFILES._serialized_end=660
-  _LOCALREPLY._serialized_start=669
-  _LOCALREPLY._serialized_end=1307
-  _LOCALREPLY_BATCHREGION._serialized_start=1060
-  _LOCALREPLY_BATCHREGION._serialized_end=1145
-  _LOCALREPLY_QUERYREGION._serialized_start=1147
-  _LOCALREPLY_QUERYREGION._serialized_end=1201
-  _LOCALREPLY_VECTORS._serialized_start=1203
-  _LOCALREPLY_VECTORS._serialized_end=1243
-  _LOCALREPLY_LAYOUT._serialized_start=1245
-  _LOCALREPLY_LAYOUT._serialized_end=1284
-  _LOCALREPLY_OPENFILES._serialized_start=601
-  _LOCALREPLY_OPENFILES._serialized_end=612
+  _LOCALREQUEST._serialized_end=806
+  _LOCALREQUEST_BATCHREGION._serialized_start=441
+  _LOCALREQUEST_BATCHREGION._serialized_end=489
+  _LOCALREQUEST_QUERYREGION._serialized_start=491
+  _LOCALREQUEST_QUERYREGION._serialized_end=519
+  _LOCALREQUEST_VECTORS._serialized_start=521
+  _LOCALREQUEST_VECTORS._serialized_end=605
+  _LOCALREQUEST_LAYOUT._serialized_start=607
+  _LOCALREQUEST_LAYOUT._serialized_end=652
+  _LOCALREQUEST_OPENFILES._serialized_start=654
+  _LOCALREQUEST_OPENFILES._serialized_end=713
+  _LOCALREQUEST_ATTACH._serialized_start=715
+  _LOCALREQUEST_ATTACH._serialized_end=800
+  _LOCALREPLY._serialized_start=809
+  _LOCALREPLY._serialized_end=1525
+  _LOCALREPLY_BATCHREGION._serialized_start=1251
+  _LOCALREPLY_BATCHREGION._serialized_end=1336
+  _LOCALREPLY_QUERYREGION._serialized_start=1338
+  _LOCALREPLY_QUERYREGION._serialized_end=1392
+  _LOCALREPLY_VECTORS._serialized_start=1394
+  _LOCALREPLY_VECTORS._serialized_end=1434
+  _LOCALREPLY_LAYOUT._serialized_start=1436
+  _LOCALREPLY_LAYOUT._serialized_end=1475
+  _LOCALREPLY_OPENFILES._serialized_start=654
+  _LOCALREPLY_OPENFILES._serialized_end=665
+  _LOCALREPLY_ATTACH._serialized_start=1490
+  _LOCALREPLY_ATTACH._serialized_end=1515
 # @@protoc_insertion_point(module_scope)
