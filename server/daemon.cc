@@ -527,6 +527,14 @@ void Daemon::Wait() {
   });
 }
 
+bool Daemon::HasClients() const {
+  if (impl_->metrics.calls_in_flight.load() > 0) return true;
+  if (impl_->local != nullptr && impl_->local->Figures().connections > 0) {
+    return true;
+  }
+  return impl_->channel != nullptr && impl_->channel->connections() > 0;
+}
+
 int Daemon::tcp_port() const { return impl_->tcp_port; }
 int Daemon::http_port() const {
   return impl_->http != nullptr ? impl_->http->port() : 0;

@@ -33,6 +33,9 @@ class Daemon {
   void Shutdown();
   /// Blocks until Shutdown() has completed.
   void Wait();
+  /// Whether a client is there: a call in flight, or a connection on the
+  /// Unix socket or the local channel (--exit-when-idle).
+  bool HasClients() const;
   /// The bound TCP port (0 when there is no TCP listener).
   int tcp_port() const;
   /// The bound HTTP admin port (0 when there is none).

@@ -2,6 +2,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -84,14 +85,34 @@ int Main(int argc, char** argv) {
   }
 
   LogInfo("shardcastd ", kShardcastVersion, " starting, pid ", ::getpid());
+  const double idle_limit = options->exit_when_idle_seconds;
   auto daemon = Daemon::Start(*std::move(options));
   if (!daemon.ok()) {
     LogError("cannot start: ", daemon.status().message());
     return 1;
   }
+  auto last_client = std::chrono::steady_clock::now();
   while (true) {
     int sig = 0;
-    if (sigwait(&signals, &sig) != 0) continue;
+    if (idle_limit > 0) {
+      // Wake once a second to see whether anyone is still there.
+      const struct timespec second = {1, 0};
+      sig = sigtimedwait(&signals, nullptr, &second);
+      const auto now = std::chrono::steady_clock::now();
+      if (sig < 0) {
+        if ((*daemon)->HasClients()) {
+          last_client = now;
+        } else if (std::chrono::duration<double>(now - last_client).count() >=
+                   idle_limit) {
+          LogInfo("no client for ", idle_limit,
+                  " s (--exit-when-idle): exiting");
+          break;
+        }
+        continue;
+      }
+    } else if (sigwait(&signals, &sig) != 0) {
+      continue;
+    }
     if (sig == SIGHUP) {
       LogInfo("SIGHUP: rescanning dataset roots");
       (*daemon)->Rescan();

@@ -130,6 +130,11 @@ const std::vector<DaemonOption>& Table() {
        "exit (draining as on SIGTERM) when the process that started the "
        "daemon dies: a per-job daemon cannot outlive its job script",
        OptionKind::kSwitch, &O::exit_with_parent},
+      {"exit-when-idle", "exit_when_idle_seconds", "S",
+       "exit (as on SIGTERM) after S seconds without a client: no call in "
+       "flight and no connection on the Unix socket or its local channel; "
+       "0: never (the daemon a user's trainer starts for itself sets it)",
+       OptionKind::kSeconds, &O::exit_when_idle_seconds, 0, kNoMax},
       {"reservoir-bytes", "reservoir_bytes", "N",
        "memory for blocks of shuffled streams, e.g. 4G; each stream "
        "reserves (shuffle-window + lag-blocks) blocks of it",

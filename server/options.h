@@ -82,6 +82,11 @@ struct DaemonOptions {
   /// Exit (as on SIGTERM) when the process that started the daemon dies:
   /// a per-job daemon cannot outlive its job script (Slurm, CI).
   bool exit_with_parent = false;
+  /// Exit (as on SIGTERM) after this many seconds without a client: no
+  /// call in flight and no connection on the Unix socket or the local
+  /// channel. 0: never. The daemon the Python package and the CLI start
+  /// for a user sets it.
+  double exit_when_idle_seconds = 0;
 
   // The streaming engine (shared scans for shuffled streams).
   /// Memory for blocks read by the scans; every shuffled stream reserves

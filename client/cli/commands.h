@@ -47,6 +47,13 @@ class Client;
 absl::StatusOr<std::string> ResolveDataset(Client& client,
                                            const std::string& arg);
 
+/// The daemon for daemon commands given no --server and no
+/// $SHARDCAST_ADDRESS: the node's at /run/shardcast/shardcastd.sock, else
+/// the user's own (in $XDG_RUNTIME_DIR/shardcast or /tmp/shardcast-UID),
+/// started now when it is not running; it exits after 5 idle minutes
+/// (user_daemon.cc).
+absl::StatusOr<std::string> UserDaemonAddress();
+
 /// The `stream` options that shape what is streamed (selection, order,
 /// partition, batches, label filter, --max-batches, --check); `bench` passes
 /// them on to its clients.

@@ -39,8 +39,10 @@ void PrintTopHelp(const std::vector<Command>& local,
   for (const Command& c : local) std::printf("  %-8s %s\n", c.name, c.summary);
   std::printf(
       "\nDaemon commands (with --server ADDRESS, or $SHARDCAST_ADDRESS for "
-      "those\nthat have no local meaning; info and get read local files "
-      "unless --server\nis given):\n");
+      "those\nthat have no local meaning, else the node's daemon at\n"
+      "/run/shardcast/shardcastd.sock, else your own, started when needed "
+      "and gone\nafter 5 idle minutes; info and get read local files unless "
+      "--server is given):\n");
   for (const Command& c : remote) {
     bool also_local = false;  // the same command (doctor): listed above
     for (const Command& l : local) also_local |= l.run == c.run;
@@ -102,10 +104,19 @@ int Main(int argc, char** argv) {
     wants_help |=
         std::strcmp(argv[k], "--help") == 0 || std::strcmp(argv[k], "-h") == 0;
   }
-  if (!with_server && !named(local) && named(remote) &&
-      (!Client::DefaultAddress().empty() || wants_help)) {
-    with_server = true;  // --help needs no address
+  if (!with_server && !named(local) && named(remote)) {
+    with_server = true;
     address = Client::DefaultAddress();
+    if (address.empty() && !wants_help) {  // --help needs no address
+      // No setup: the node's daemon, or the user's own (started now).
+      absl::StatusOr<std::string> found = UserDaemonAddress();
+      if (!found.ok()) {
+        std::fprintf(stderr, "shardcast %s: %s\n", name.c_str(),
+                     std::string(found.status().message()).c_str());
+        return kExitFailure;
+      }
+      address = *found;
+    }
   }
   if (with_server) {
     ClientOptions options;

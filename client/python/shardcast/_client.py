@@ -18,6 +18,7 @@ import types
 import grpc
 import numpy as np
 
+from shardcast import _daemon
 from shardcast import _local
 from shardcast import _session
 from shardcast.v1 import shardcast_pb2 as pb
@@ -292,8 +293,11 @@ def _outgoing(requests):
 class Client:
     """A connection to one shardcastd.
 
-    `address` is "unix:/path/to.sock" or "host:port" (default: the
-    SHARDCAST_ADDRESS environment variable). `tls_ca` (PEM file) turns on TLS
+    `address` is "unix:/path/to.sock" or "host:port". Without one: the
+    SHARDCAST_ADDRESS environment variable, else the node's daemon at
+    /run/shardcast/shardcastd.sock, else the user's own daemon, started now
+    when it is not running (shardcast._daemon: no setup, exits when idle).
+    `tls_ca` (PEM file) turns on TLS
     for TCP; `tls_cert`/`tls_key` add a client certificate (mutual TLS).
     On a Unix socket, streams get their batches in shared memory unless
     `shared_memory=False`; `slots` is how many batches the daemon may have
@@ -312,10 +316,10 @@ class Client:
     def __init__(self, address=None, *, tls_ca=None, tls_cert=None, tls_key=None,
                  tls_server_name=None, shared_memory=True, slots=4, timeout=5.0,
                  local_queries=True, direct_reads=True):
-        address = address or os.environ.get(ADDRESS_VARIABLE)
-        if not address:
-            raise Error("INVALID_ARGUMENT", "no daemon address: pass one or set "
-                        f"{ADDRESS_VARIABLE} (e.g. unix:/run/shardcast/shardcastd.sock)")
+        try:
+            address = _daemon.resolve(address)
+        except _daemon.StartError as e:
+            raise Error(e.code, e.message) from None
         global _channel_opened
         if _channel_opened and os.getpid() != _IMPORT_PID and \
                 os.environ.get("GRPC_ENABLE_FORK_SUPPORT") not in ("1", "true"):
@@ -347,8 +351,11 @@ class Client:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
             self._channel.close()
+            private = _daemon.private_log(address)
             raise Error("UNAVAILABLE", f"cannot connect to shardcastd at {address} "
-                        f"within {timeout} s (is it running? right address/TLS?)") from None
+                        f"within {timeout} s " + (f"(see its log {private})" if private else
+                                                   "(is it running? right address/TLS?)")
+                        ) from None
         self._admin = pb_grpc.AdminStub(self._channel)
         self._query = pb_grpc.QueryStub(self._channel)
         self._stream = pb_grpc.StreamStub(self._channel)

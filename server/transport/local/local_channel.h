@@ -111,6 +111,8 @@ class LocalChannel {
   ~LocalChannel();
 
   const std::string& path() const { return options_.path; }
+  /// Connections open now.
+  int connections() const { return open_.load(std::memory_order_relaxed); }
 
  private:
   class Loop;
