@@ -200,3 +200,25 @@ def test_the_cli_names_a_dataset_by_its_path(start_daemon, datasets):
     out = subprocess.run([str(SHARDCAST_BIN), "--server", d.address, "info", r.id],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "not found" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_a_daemon_that_cannot_open_the_files_serves_what_the_client_handed_over(
+        start_daemon, datasets, tmp_path):
+    """The daemon runs as nobody and the dataset is root's alone (mode 0600
+    in a 0700 directory): root attaches it, and the daemon streams and
+    queries it through the handed descriptors."""
+    import pwd
+    r = datasets.main
+    ds = tmp_path / "private" / r.path.name
+    shutil.copytree(r.path, ds)
+    os.chmod(ds.parent, 0o700)
+    for f in ds.iterdir():
+        os.chmod(f, 0o600)
+    d = start_daemon(*ALONE, roots=[], user=pwd.getpwnam("nobody"))
+    with shardcast.Client(d.address) as c:
+        info = c.attach(ds)
+        assert_exact_epoch(_epoch(r, c, info.id, 6), r.selection(6))
+        coords = [(7, 12, 3), (0, 6, 0)]
+        want = np.stack([r.acts[e, r.layers.index(l), t] for e, l, t in coords])
+        assert np.array_equal(c.get_vectors(info.id, coords), want)
