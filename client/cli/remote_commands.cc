@@ -240,7 +240,7 @@ absl::StatusOr<StreamRequest> StreamRequestFromArgs(const Args& args) {
   } else {
     return absl::InvalidArgumentError("--tokens takes content, special or all");
   }
-  const std::string order = args.Get("order", "ordered");
+  const std::string order = args.Get("order", "shuffled");
   if (order != "ordered" && order != "shuffled") {
     return absl::InvalidArgumentError("--order takes ordered or shuffled");
   }
@@ -606,7 +606,10 @@ std::vector<OptionSpec> StreamRequestOptions() {
   return {
       {"layer", "L", "layer value to stream (default: all layers)"},
       {"tokens", "SEL", "content (default), special (CLS) or all"},
-      {"order", "ORDER", "ordered (default) or shuffled"},
+      {"order", "ORDER",
+       "shuffled (default: what trainers use, a seeded shuffle through the "
+       "daemon's shared scan) or ordered (disk order: evaluation and "
+       "visualiser passes)"},
       {"batch-size", "N", "vectors per batch (default 4096)"},
       {"epochs", "N", "epochs to stream (default 1; 0 = endless)"},
       {"rank", "R", "partition rank (default 0)"},

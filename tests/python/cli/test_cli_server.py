@@ -116,5 +116,18 @@ def test_local_commands_with_server_are_usage_errors(cli, served):
     address, _ = served
     proc = cli.fails("--server", address, "synth", "/tmp/x", code=2)
     assert "local files" in proc.err
-    proc = cli.fails("ls", code=2)
-    assert "--server" in proc.err
+    # Without --server or SHARDCAST_ADDRESS a daemon command goes to the
+    # user's own daemon (started when needed: test_package_self_start.py);
+    # where its directory is not the user's alone, it says so and fails.
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="scxdg-", dir="/tmp") as xdg:
+        os.chmod(xdg, 0o700)
+        os.mkdir(os.path.join(xdg, "shardcast"), 0o755)
+        os.chmod(os.path.join(xdg, "shardcast"), 0o755)
+        env = {k: v for k, v in os.environ.items() if k != "SHARDCAST_ADDRESS"}
+        env["XDG_RUNTIME_DIR"] = xdg
+        proc = subprocess.run([cli.binary, "ls"], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 1, proc.stderr
+        assert os.path.join(xdg, "shardcast") in proc.stderr, proc.stderr
+        assert "not a directory of yours closed to others" in proc.stderr
