@@ -14,6 +14,10 @@ packages=(
   # Python tests and the Python package (Debian's /usr/bin/python3)
   python3 python3-numpy python3-pytest python3-grpcio python3-protobuf
   python3-torch python3-matplotlib
+  # what saev's own code imports (../shared/peers/saev: the reference that
+  # tests/python/package/test_package_saev_compat.py runs beside ours)
+  python3-torchvision python3-pil python3-psutil python3-cloudpickle
+  python3-scipy
   # benchmarks and tests: sha256sum (coreutils), fio, vmtouch
   coreutils openssl fio vmtouch
   # tests of deploy/: shellcheck, systemd-analyze (systemd), strace (the

@@ -1,12 +1,11 @@
-"""shardcast.torch (ShardcastDataset) and shardcast.compat.saev (saev's
-DataLoaders) against a real shardcastd.
+"""shardcast.torch (ShardcastDataset) against a real shardcastd
+(shardcast.compat.saev: test_package_saev_compat.py).
 
 Expected vectors come from numpy reads of the files (package_fixtures.
 Reference); partitions are checked against the rules of
 proto/shardcast/v1/shardcast.proto (shuffled: vector g of the selection in
 disk order belongs to rank g mod W; ordered: rank r of W gets the contiguous
-range [V*r/W, V*(r+1)/W)); saev's batch keys come from seed 001 (protocol
-1.0.0 loaders: act, image_i, patch_i).
+range [V*r/W, V*(r+1)/W)).
 
 grpcio does not survive a fork in a process that has used it (see
 test_workers_fork_while_the_main_process_holds_a_client), so forked
@@ -29,7 +28,6 @@ from package_fixtures import (CHILD_ENV, assert_exact_epoch, datasets,  # noqa: 
                               in_memfd_mapping, package_logs, sockdir, start_daemon)
 
 import shardcast
-from shardcast.compat.saev import ordered, shuffled
 from shardcast.torch import ShardcastDataset
 
 ALONE = ("--scan-start-delay-ms", "0")
@@ -417,92 +415,6 @@ def test_workers_forked_after_the_main_process_used_grpc_fail_clearly(start_daem
     err = proc.stderr.decode(errors="replace")[-3000:]
     assert proc.returncode != 0, "forked workers streamed after the parent used grpc?"
     assert "multiprocessing_context='spawn'" in err, err
-
-
-# ---------------------------------------------------------------------------
-# shardcast.compat.saev.
-
-# name: (dataset, config fields, the batch's index keys)
-SAEV_CASES = {
-    "v1.0.0": ("v1", dict(patches="image", layer=3), ("image_i", "patch_i")),
-    "v2.1": ("main", dict(tokens="content", layer=12), ("example_idx", "token_idx")),
-    "v2.1-saev": ("saev", dict(tokens="all", layer=4), ("example_idx", "token_idx")),
-}
-
-
-@pytest.mark.parametrize("module", [shuffled, ordered], ids=["shuffled", "ordered"])
-@pytest.mark.parametrize("case", list(SAEV_CASES))
-def test_saev_loader_batches_have_the_protocols_keys_and_numpy_values(
-        start_daemon, datasets, case, module):
-    """compat.saev's DataLoader yields dicts with exactly the keys of that
-    protocol's saev batches (act, image_i, patch_i for 1.0.0 as in seed 001;
-    act, example_idx, token_idx for 2.x), act float32 [B, D] and int64
-    indices (patch/token index -1 = CLS) whose vectors equal numpy; one pass
-    is one exact epoch (disk order for the ordered loader), n_samples and
-    len() match it."""
-    name, fields, (ex_key, tok_key) = SAEV_CASES[case]
-    r = getattr(datasets, name)
-    d = start_daemon(*ALONE)
-    root_field = "shard_root" if name == "v1" else "shards"
-    tokens = {"image": "content"}.get(fields.get("patches"), fields.get("tokens"))
-    cfg = module.Config(**{root_field: str(r.path)}, batch_size=23, seed=3,
-                        address=d.address, **fields)
-    loader = module.DataLoader(cfg)
-    want = r.selection(fields["layer"], tokens)
-    assert loader.n_samples == len(want) and len(loader) == -(-len(want) // 23)
-    rows, n_batches = [], 0
-    for batch in loader:
-        assert set(batch) == {"act", ex_key, tok_key}, sorted(batch)
-        act = batch["act"]
-        assert act.dtype == torch.float32 and act.shape[1:] == (r.D,)
-        assert batch[ex_key].dtype == torch.int64 and batch[tok_key].dtype == torch.int64
-        rows.extend(r.rows(act.numpy(), batch[ex_key].numpy(), batch[tok_key].numpy(),
-                           np.full(act.shape[0], fields["layer"]), check_labels=False,
-                           what=f"{case} batch {n_batches}"))
-        n_batches += 1
-    assert n_batches == len(loader)
-    assert_exact_epoch(rows, want)
-    if module is ordered:
-        assert rows == want, "ordered loader is not in disk order"
-    loader.shutdown()
-
-
-def test_saev_all_layers_all_patches_and_passes(start_daemon, datasets):
-    """layer="all", patches="all" on a 1.0.0 dataset: a batch has no layer
-    key (as in saev), so each act row is found among numpy's vectors by
-    value and must sit at the (image_i, patch_i) the batch names; each pass
-    of the shuffled loader is one exact epoch, two passes differ; with
-    drop_last every batch is full and len() counts them."""
-    r = datasets.v1
-    d = start_daemon(*ALONE)
-    by_value = {}
-    for e, l, t in r.selection(None, "all"):
-        by_value.setdefault(r.vector(e, l, t).tobytes(), []).append((e, l, t))
-    assert all(len(v) == 1 for v in by_value.values()), "synthetic vectors repeat"
-    cfg = shuffled.Config(shard_root=str(r.path), patches="all", layer="all",
-                          batch_size=17, seed=2, address=d.address)
-    loader = shuffled.DataLoader(cfg)
-    passes = []
-    for _ in range(2):
-        rows = []
-        for batch in loader:
-            assert set(batch) == {"act", "image_i", "patch_i"}
-            act = batch["act"].numpy()
-            for i in range(act.shape[0]):
-                hit = by_value.get(act[i].tobytes())
-                assert hit, f"row {i}: a vector numpy does not have"
-                e, l, t = hit[0]
-                assert (int(batch["image_i"][i]), int(batch["patch_i"][i])) == (e, t - r.cls)
-                rows.append((e, l, t))
-        assert_exact_epoch(rows, r.selection(None, "all"))
-        passes.append(rows)
-    assert passes[0] != passes[1], "two passes in the same order"
-
-    cfg = ordered.Config(shard_root=str(r.path), patches="image", layer=1,
-                         batch_size=10, drop_last=True, address=d.address)
-    loader = ordered.DataLoader(cfg)
-    sizes = [b["act"].shape[0] for b in loader]
-    assert sizes == [10] * (len(r.selection(1)) // 10) and len(loader) == len(sizes)
 
 
 README_HARNESS = r"""
