@@ -331,6 +331,7 @@ class Client:
         _channel_opened = True
         self.address = address
         self.timeout = timeout
+        self._attached = {}  # path -> id (Client._id)
         self.shared_memory = shared_memory
         self.slots = max(2, min(16, int(slots)))
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -392,9 +393,21 @@ class Client:
         return [_record(d) for d in reply.datasets]
 
     def describe(self, dataset):
-        """One dataset by id or unique prefix (>= 8 characters)."""
+        """One dataset by id or unique prefix (>= 8 characters), or by its
+        directory (attach)."""
         return _record(_call(self._admin.DescribeDataset,
-                             pb.DescribeDatasetRequest(dataset=dataset)))
+                             pb.DescribeDatasetRequest(dataset=self._id(dataset))))
+
+    def _id(self, dataset):
+        """A dataset argument as the daemon's id: a path (an os.PathLike, or
+        a string with a '/') is attached once per client, an id is kept."""
+        if isinstance(dataset, os.PathLike) or (isinstance(dataset, str) and
+                                                 "/" in dataset):
+            path = os.fspath(dataset)
+            if path not in self._attached:
+                self._attached[path] = self.attach(path).id
+            return self._attached[path]
+        return dataset
 
     def attach(self, path):
         """The dataset in directory `path`, named by its path: returns its
@@ -439,6 +452,7 @@ class Client:
     def get_vectors(self, dataset, coords):
         """float32 [N, D]: the vectors at `coords`, a sequence (or [N, 3]
         array) of (example, layer value, token index on the token axis)."""
+        dataset = self._id(dataset)
         coords = np.ascontiguousarray(np.asarray(coords, dtype=np.int64).reshape(-1, 3))
         if self._local is not None:
             try:
@@ -483,7 +497,7 @@ class Client:
 
     def get_example(self, dataset, example, layer=None):
         """float32 [T, D] of one layer of an example, or [L, T, D]."""
-        request = pb.GetExampleRequest(dataset=dataset, example=example)
+        request = pb.GetExampleRequest(dataset=self._id(dataset), example=example)
         if layer is not None:
             request.layer = layer
         return self._vectors(_call(self._query.GetExample, request))
@@ -491,7 +505,7 @@ class Client:
     def get_labels(self, dataset, example):
         """uint8 [content tokens]: the example's labels (NOT_FOUND without)."""
         reply = _call(self._query.GetLabels,
-                      pb.GetLabelsRequest(dataset=dataset, example=example))
+                      pb.GetLabelsRequest(dataset=self._id(dataset), example=example))
         return np.frombuffer(reply.labels, dtype=np.uint8)
 
     def get_example_info(self, dataset, example):
@@ -499,7 +513,7 @@ class Client:
         (samples.json: sample_idx, dataset_idx, seq_len, text_preview,
         metadata); NOT_FOUND when the dataset has none."""
         reply = _call(self._query.GetExampleInfo,
-                      pb.GetExampleInfoRequest(dataset=dataset, example=example))
+                      pb.GetExampleInfoRequest(dataset=self._id(dataset), example=example))
         return json.loads(reply.json)
 
     @staticmethod
@@ -518,7 +532,8 @@ class Client:
                node_rank=0, node_count=0):
         """A Stream of Batch objects (docs/daemon.md, Stream).
 
-        `layer`: a recorded layer value, or None for all layers; `tokens`:
+        `dataset`: an id, or the dataset's directory (a path: attached, see
+        attach). `layer`: a recorded layer value, or None for all layers; `tokens`:
         "content", "special" (CLS) or "all"; `order`: "shuffled" (trainers:
         one shared disk pass) or "ordered" (disk order); `epochs`: 0 streams
         for ever; `rank`/`world_size`: this client's partition;
@@ -540,7 +555,7 @@ class Client:
         if order not in _ORDERS:
             raise Error("INVALID_ARGUMENT", f"order={order!r}: shuffled or ordered")
         request = pb.StreamRequest(
-            dataset=dataset, tokens=_TOKENS[tokens], order=_ORDERS[order],
+            dataset=self._id(dataset), tokens=_TOKENS[tokens], order=_ORDERS[order],
             batch_size=batch_size, seed=seed, epochs=epochs, rank=rank,
             world_size=world_size, drop_last=drop_last,
             exclude_labels=[int(x) for x in exclude_labels],

@@ -222,3 +222,22 @@ def test_a_daemon_that_cannot_open_the_files_serves_what_the_client_handed_over(
         coords = [(7, 12, 3), (0, 6, 0)]
         want = np.stack([r.acts[e, r.layers.index(l), t] for e, l, t in coords])
         assert np.array_equal(c.get_vectors(info.id, coords), want)
+
+
+def test_every_call_takes_the_dataset_by_its_path(start_daemon, datasets):
+    """stream, get_vectors, get_example, describe and ShardcastDataset take
+    the directory itself (a Path or a string with a '/'), attached once."""
+    import torch  # noqa: F401  (shardcast.torch needs it)
+    from shardcast.torch import ShardcastDataset
+    r = datasets.main
+    d = start_daemon(*ALONE, roots=[])
+    with shardcast.Client(d.address) as c:
+        assert c.describe(r.path).n_examples == r.N
+        assert_exact_epoch(_epoch(r, c, r.path, 12), r.selection(12))
+        assert np.array_equal(c.get_vectors(str(r.path), [(5, 6, 1)])[0],
+                              r.acts[5, 0, 1])
+        assert np.array_equal(c.get_example(r.path, 5, layer=6), r.acts[5, 0])
+        assert len(c._attached) == 1  # the Path and the string: one attach
+    data = ShardcastDataset(str(r.path), address=d.address, layer=6, batch_size=64)
+    rows = sum(int(b["vectors"].shape[0]) for b in data)
+    assert rows == len(r.selection(6))
