@@ -1,5 +1,7 @@
 #include "server/engine/ordered_stream.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -41,6 +43,8 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
   s->next_ = s->lo_;
   for (uint8_t l : spec.exclude_labels) s->exclude_[l] = true;
   const DatasetDesc& d = s->reader_->desc();
+  s->fds_.resize(d.shards.size());
+  s->sparse_ = s->sel_.Sparse(d);
   s->shape_.batch_size = spec.batch_size;
   s->shape_.d_model = d.d_model;
   s->shape_.vector_bytes = d.vector_bytes();
@@ -76,6 +80,45 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
     }
   }
   return s;
+}
+
+absl::StatusOr<int> OrderedStream::ShardFd(int64_t shard) {
+  UniqueFd& fd = fds_[static_cast<size_t>(shard)];
+  if (fd.valid()) return fd.get();
+  const int reader_fd = reader_->shard_fd(shard);
+  // The same inode as the reader's descriptor; a file the daemon's user
+  // may not open (handed over by a client) through a duplicate.
+  absl::StatusOr<UniqueFd> own =
+      OpenFile(absl::StrCat("/proc/self/fd/", reader_fd), O_RDONLY);
+  if (!own.ok()) {
+    own = UniqueFd(::fcntl(reader_fd, F_DUPFD_CLOEXEC, 0));
+    if (!own->valid()) {
+      return ErrnoToStatus(errno, absl::StrCat("dup ", reader_->shard_path(shard)));
+    }
+  }
+  ::posix_fadvise(own->get(), 0, 0,
+                  sparse_ ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
+  fd = *std::move(own);
+  return fd.get();
+}
+
+void OrderedStream::Prefetch(int64_t from, int64_t vectors) {
+  const DatasetDesc& d = reader_->desc();
+  const uint64_t vb = d.vector_bytes();
+  const int64_t k = sel_.vectors_per_row;
+  for (int64_t g = from; g < std::min(hi_, from + vectors);) {
+    const int64_t row = g / k;
+    const int64_t j0 = g % k;
+    const int64_t j1 = std::min<int64_t>(k, j0 + (hi_ - g));
+    absl::StatusOr<VectorLocation> at = sel_.Locate(d, row, j0);
+    if (!at.ok()) return;
+    absl::StatusOr<int> fd = ShardFd(at->shard);
+    if (!fd.ok()) return;  // the read itself will say why
+    ::posix_fadvise(*fd, static_cast<off_t>(at->offset),
+                    static_cast<off_t>(static_cast<uint64_t>(j1 - j0) * vb),
+                    POSIX_FADV_WILLNEED);
+    g += j1 - j0;
+  }
 }
 
 std::string OrderedStream::ResumeToken() const {
@@ -135,6 +178,7 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
         const int64_t layer_value =
             d.layers[static_cast<size_t>(sel_.layer_of(row))];
         ASSIGN_OR_RETURN(VectorLocation row_start, sel_.Locate(d, row, 0));
+        ASSIGN_OR_RETURN(const int shard_fd, ShardFd(row_start.shard));
         if (has_labels && label_example != example) {
           ASSIGN_OR_RETURN(FileRange labels, reader_->LabelsRange(example));
           RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(
@@ -145,7 +189,7 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
         auto flush = [&](int64_t end) {
           if (run_start < 0) return;
           ReadOp op;
-          op.fd = reader_->shard_fd(row_start.shard);
+          op.fd = shard_fd;
           op.path = &reader_->shard_path(row_start.shard);
           op.offset = row_start.offset + static_cast<uint64_t>(run_start) * vb;
           op.length = static_cast<size_t>(end - run_start) * vb;
@@ -176,6 +220,9 @@ absl::StatusOr<bool> OrderedStream::Next(VectorDest dest, StreamBatch* out) {
         flush(j);
         g += j - j0;
       }
+      // The next batch's bytes start coming in while this one is read and
+      // delivered: the disk never waits for the client.
+      Prefetch(g, spec_.batch_size);
       RETURN_IF_ERROR(UringReader::ThisThread().ReadAll(ops));
       if (disk_bytes_ != nullptr) {
         for (const ReadOp& op : ops) *disk_bytes_ += op.length;

@@ -23,6 +23,9 @@
 
 namespace shardcast {
 
+/// Reads go through the stream's own descriptors of the reader's files,
+/// advised as the shared scans advise theirs (POSIX_FADV_RANDOM for a
+/// sparse selection, so read-ahead reads nothing the stream skips).
 /// Not thread-safe: one per stream, used by one worker at a time.
 class OrderedStream final : public BatchSource {
  public:
@@ -52,6 +55,12 @@ class OrderedStream final : public BatchSource {
  private:
   OrderedStream() = default;
   std::string ResumeToken() const;
+  /// Starts the page cache reading the selection's next `vectors` from
+  /// vector id `from` (POSIX_FADV_WILLNEED: the kernel reads ahead exactly
+  /// those bytes while the current batch is read and delivered).
+  void Prefetch(int64_t from, int64_t vectors);
+  /// The stream's own descriptor of shard `shard`, opened on first use.
+  absl::StatusOr<int> ShardFd(int64_t shard);
 
   std::shared_ptr<const DatasetReader> reader_;
   std::string dataset_id_;
@@ -63,6 +72,10 @@ class OrderedStream final : public BatchSource {
   int64_t next_ = 0;  // next vector id in the current epoch
   int64_t batch_index_ = 0;
   std::atomic<uint64_t>* disk_bytes_ = nullptr;
+  // Its own descriptors of the shards (the reader's inodes), advised for
+  // this selection: no read-ahead into what it skips (Selection::Sparse).
+  std::vector<UniqueFd> fds_;
+  bool sparse_ = false;
   bool exclude_[256] = {};  // labels to drop
   // Transformed streams: the batch as read, and each row's layer index.
   std::vector<char> scratch_;

@@ -717,16 +717,6 @@ absl::StatusOr<ScanReadMode> ParseScanReadMode(absl::string_view name) {
 
 namespace {
 
-// True when more than 1/16 of the bytes between the first and the last
-// selected vector of consecutive rows is not selected (one layer of
-// several, or the CLS token alone): read-ahead would read that too.
-bool Sparse(const DatasetDesc& d, const Selection& sel) {
-  const int64_t stride = sel.layer_index >= 0
-                             ? d.tokens_per_example * d.num_layers()
-                             : d.tokens_per_example;
-  return sel.vectors_per_row * 16 < stride * 15;
-}
-
 // The fraction of a sample of the selection's pages that sits in the page
 // cache. Asked with mincore() (PageResidency: no I/O) where the kernel tells
 // this process the truth about the file (it owns it, may write it, or has
@@ -924,7 +914,7 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     }
     // Read-ahead fills the gaps between selected ranges (another layer's
     // slices): where they are large, buffered reads get none.
-    const bool sparse = Sparse(reader->desc(), layout.sel);
+    const bool sparse = layout.sel.Sparse(reader->desc());
     // The scan's own descriptors of the same inodes (via /proc/self/fd, so
     // a file replaced on disk since the catalog opened it is not picked up):
     // its hints and O_DIRECT do not touch the query path's descriptors.

@@ -71,6 +71,16 @@ struct Selection {
                                         int64_t j) const;
   /// "layer 12, content tokens", for status pages and logs.
   std::string Name(const DatasetDesc& d) const;
+  /// True when more than 1/16 of the bytes between the first and the last
+  /// selected vector of consecutive rows is not selected (one layer of
+  /// several, or the CLS token alone): read-ahead would read that too, so
+  /// readers advise their descriptors POSIX_FADV_RANDOM.
+  bool Sparse(const DatasetDesc& d) const {
+    const int64_t stride = layer_index >= 0
+                               ? d.tokens_per_example * d.num_layers()
+                               : d.tokens_per_example;
+    return vectors_per_row * 16 < stride * 15;
+  }
 
   /// INVALID_ARGUMENT for a layer that is not recorded or CLS-only on a
   /// dataset without CLS.
