@@ -26,7 +26,9 @@ _LABELS_CHUNK = 1 << 24  # labels.bin bytes counted at a time (ignore_labels)
 
 def _client_for(cfg):
     """The Client that serves `cfg`'s dataset: the daemon at install()'s
-    `address`, else at $SHARDCAST_ADDRESS. Every loader connects here."""
+    `address`, else the one a Client finds without an address
+    ($SHARDCAST_ADDRESS, the node's, or the user's own, started when
+    needed). Every loader connects here."""
     del cfg  # every dataset is served by the same daemon, for now
     return Client(_address)
 
