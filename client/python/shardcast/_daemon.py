@@ -148,7 +148,10 @@ def private_log(address):
 def resolve(address=None):
     """The address a Client uses: `address`, $SHARDCAST_ADDRESS, the node's
     daemon, or the user's own daemon (started now if need be)."""
-    if address:
+    if address is not None:
+        if not address:
+            raise StartError("INVALID_ARGUMENT", "an empty daemon address: give "
+                             "one, or none (None) to find or start a daemon")
         return address
     if os.environ.get(ADDRESS_VARIABLE):
         return os.environ[ADDRESS_VARIABLE]

@@ -8,6 +8,7 @@ and /metrics, and the device-read counter next to the requested one.
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_health_of_a_missing_daemon_fails_with_the_address(tmp_path):
     assert bad.returncode == 2 and "--timeout" in bad.err, bad.what
 
 
-def test_daemon_commands_default_to_shardcast_address(start_daemon, datasets):
+def test_daemon_commands_default_to_shardcast_address(start_daemon, datasets, tmp_path):
     d = start_daemon()
     env = {"SHARDCAST_ADDRESS": d.address}
     listing = cli("ls", "--json", env=env)
@@ -72,10 +73,19 @@ def test_daemon_commands_default_to_shardcast_address(start_daemon, datasets):
     local = cli("info", datasets.main.path, "--json", env=env)
     assert local.returncode == 0, local.what
     assert json.loads(local.out)["hash"] == datasets.main.path.name
-    # Without the variable a daemon-only command says how to name one.
-    missing = cli("ls")
-    assert missing.returncode == 2, missing.what
-    assert "SHARDCAST_ADDRESS" in missing.err and "--server" in missing.err, missing.what
+    # Without the variable a daemon-only command goes to the user's own
+    # daemon (test_package_self_start.py); one it cannot start says how to
+    # name a daemon instead (here: no shardcastd beside the CLI or on PATH).
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(SHARDCAST_BIN, lone / "shardcast")
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    proc = subprocess.run([str(lone / "shardcast"), "ls"], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin",
+                                           "XDG_RUNTIME_DIR": str(xdg)})
+    assert proc.returncode == 1, proc.stderr
+    assert "SHARDCAST_ADDRESS" in proc.stderr and "--server" in proc.stderr, proc.stderr
 
 
 def test_the_python_package_reads_shardcast_address(start_daemon, datasets, monkeypatch):
