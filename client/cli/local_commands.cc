@@ -1,6 +1,7 @@
 // Commands on local dataset directories: synth, write, info, verify, get.
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -180,18 +181,239 @@ int RunSynth(const Args& args) {
 
 // ---------------------------------------------------------------- write
 
+void PrintNotes(const char* cmd, const ResumeInfo& info) {
+  for (const std::string& note : info.notes) {
+    std::fprintf(stderr, "shardcast %s: note: %s\n", cmd, note.c_str());
+  }
+}
+
+// The options `write` takes in both modes (metadata, layout, resume).
+absl::Status WriterOptionsFromArgs(const Args& args, WriterOptions* o) {
+  auto layers = args.GetIntList("layers", "");
+  RETURN_IF_ERROR(layers.status());
+  auto budget = args.GetInt("budget", 2400000);
+  RETURN_IF_ERROR(budget.status());
+  auto variant = ParseVariantName(args.Get("variant", "2.1"));
+  RETURN_IF_ERROR(variant.status());
+  o->root = args.positional()[0];
+  o->layers = *layers;
+  o->cls_token = args.Has("cls");
+  o->token_budget = *budget;
+  o->family = args.Get("family", "unknown");
+  o->ckpt = args.Get("ckpt", "unknown");
+  o->data = args.Get("data", "");
+  o->dataset = args.Get("dataset", "");
+  o->variant = *variant;
+  o->full_size_last_shard = args.Has("full-last-shard");
+  if (args.Has("pixel-agg")) o->pixel_agg = args.Get("pixel-agg");
+  o->resume = args.Has("resume");
+  return absl::OkStatus();
+}
+
+// `write --stdin`: frames of a 4-byte ASCII kind and a little-endian uint64
+// payload length, then the payload (docs/cli.md).
+constexpr size_t kFrameHeaderBytes = 12;
+
+// Reads up to `n` bytes from stdin; fewer only at end of input.
+absl::StatusOr<size_t> ReadStdin(char* out, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::read(0, out + done, n - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "read stdin");
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+void PrintJsonLine(const OrderedJson& j) {
+  std::printf("%s\n", JsonText(j).c_str());
+  std::fflush(stdout);
+}
+
+int RunWriteStdin(const Args& args, WriterOptions o) {
+  const char* cmd = "write";
+  const bool json = args.Has("json");
+  for (const char* name : {"tokens", "d-model", "examples"}) {
+    if (!args.Has(name)) {
+      return Usage(cmd, absl::StrCat("--", name, " is required with --stdin"));
+    }
+  }
+  if (args.Has("labels-from")) {
+    return Usage(cmd,
+                 "--labels-from is for --from; with --stdin, --labels "
+                 "announces LABL frames");
+  }
+  auto tokens = args.GetInt("tokens", 0);
+  auto d_model = args.GetInt("d-model", 0);
+  auto examples = args.GetInt("examples", 0);
+  for (const absl::Status& s :
+       {tokens.status(), d_model.status(), examples.status()}) {
+    if (!s.ok()) return Usage(cmd, std::string(s.message()));
+  }
+  o.content_tokens = *tokens;
+  o.d_model = *d_model;
+  o.n_examples = *examples;
+  o.with_labels = args.Has("labels");
+
+  // With --json, stdout carries one JSON object per line: "ready" once the
+  // writer stands (where to continue after a resume), then "done" or
+  // "error".
+  auto fail = [&](const absl::Status& st, const std::string& message) {
+    if (json) {
+      OrderedJson j;
+      j["event"] = "error";
+      j["code"] = absl::StatusCodeToString(st.code());
+      j["message"] = message;
+      PrintJsonLine(j);
+    }
+    return Fail(cmd, message);
+  };
+  auto created = DatasetWriter::Create(o);
+  if (!created.ok()) {
+    return fail(created.status(), std::string(created.status().message()));
+  }
+  std::unique_ptr<DatasetWriter> writer = std::move(*created);
+  const DatasetDesc& d = writer->desc();
+  const ResumeInfo& info = writer->resume_info();
+  PrintNotes(cmd, info);
+  if (json) {
+    OrderedJson j;
+    j["event"] = "ready";
+    j["hash"] = writer->hash();
+    j["path"] = JoinPath(o.root, writer->hash());
+    j["temp_dir"] = writer->temp_dir();
+    j["n_examples"] = d.n_examples;
+    j["examples_written"] = writer->examples_written();
+    j["example_bytes"] = d.example_bytes();
+    j["shards"] = d.num_data_shards();
+    j["examples_per_shard"] = d.examples_per_shard;
+    j["resumed"] = info.resumed;
+    j["resumed_from"] = info.from;
+    j["complete"] = info.complete;
+    j["notes"] = info.notes;
+    PrintJsonLine(j);
+  } else if (info.resumed || info.complete) {
+    std::fprintf(stderr, "shardcast write: %s at example %lld of %lld\n",
+                 info.complete ? "already complete" : "resumed",
+                 static_cast<long long>(writer->examples_written()),
+                 static_cast<long long>(d.n_examples));
+  }
+
+  // Any failure but an abort frame keeps the complete shards for --resume:
+  // input that ends early means the producer died, and a full disk can be
+  // emptied.
+  auto abandon = [&](const absl::Status& st) {
+    const std::string dir = writer->temp_dir();
+    const int64_t at = writer->examples_written();
+    writer->Abandon();
+    std::string message(st.message());
+    if (!dir.empty()) {
+      absl::StrAppend(&message, " (", at, " of ", d.n_examples,
+                      " examples received; the complete shards stay in ", dir,
+                      " for --resume)");
+    }
+    return fail(st, message);
+  };
+  Progress progress(
+      "write", static_cast<uint64_t>(d.n_examples) * d.example_bytes(), !json);
+  std::vector<char> buffer(kChunkBytes);
+  for (;;) {
+    char header[kFrameHeaderBytes];
+    absl::StatusOr<size_t> got = ReadStdin(header, sizeof(header));
+    if (!got.ok()) return abandon(got.status());
+    if (*got < sizeof(header)) {
+      return abandon(
+          absl::AbortedError(*got == 0 ? "input ended without a DONE frame"
+                                       : "input ended inside a frame header"));
+    }
+    const std::string kind(header, 4);
+    uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) {
+      length = (length << 8) | static_cast<uint8_t>(header[4 + i]);
+    }
+    if (kind == "DONE" || kind == "ABRT") {
+      if (length != 0) {
+        return abandon(absl::InvalidArgumentError(
+            absl::StrCat("a ", kind, " frame has no payload, this one has ",
+                         length, " bytes")));
+      }
+      if (kind == "ABRT") {
+        writer.reset();  // removes the temporary directory
+        return fail(absl::AbortedError(""),
+                    "aborted by the producer (ABRT frame); nothing was kept");
+      }
+      auto result = writer->Finish();
+      progress.Finish();
+      if (!result.ok()) {
+        // ALREADY_EXISTS keeps the new data for inspection, not for resume.
+        if (result.status().code() == absl::StatusCode::kAlreadyExists) {
+          return fail(result.status(), std::string(result.status().message()));
+        }
+        return abandon(result.status());
+      }
+      if (json) {
+        OrderedJson j;
+        j["event"] = "done";
+        j.update(WriteResultJson(*result, d));
+        PrintJsonLine(j);
+      } else {
+        PrintWriteResult(cmd, *result, d, false);
+      }
+      return kExitOk;
+    }
+    if (kind != "ACTS" && kind != "LABL") {
+      return abandon(absl::InvalidArgumentError(
+          absl::StrCat("unknown frame kind ", Quoted(kind),
+                       " (expected ACTS, LABL, DONE or ABRT)")));
+    }
+    for (uint64_t left = length; left > 0;) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
+      got = ReadStdin(buffer.data(), n);
+      if (!got.ok()) return abandon(got.status());
+      absl::Status st =
+          kind == "ACTS"
+              ? writer->Append(buffer.data(), *got)
+              : writer->AppendLabels(
+                    reinterpret_cast<const uint8_t*>(buffer.data()), *got);
+      if (!st.ok()) return abandon(st);
+      if (*got < n) {
+        return abandon(absl::AbortedError(
+            absl::StrCat("input ended inside a ", kind, " frame")));
+      }
+      left -= n;
+    }
+    progress.Update(static_cast<uint64_t>(writer->examples_written()) *
+                    d.example_bytes());
+  }
+}
+
 int RunWrite(const Args& args) {
   const char* cmd = "write";
   if (args.positional().size() != 1)
     return Usage(cmd, "expected one ROOT directory");
-  if (!args.Has("from")) return Usage(cmd, "--from FILE.npy is required");
+  if (args.Has("stdin") == args.Has("from")) {
+    return Usage(cmd, "give --from FILE.npy (repeatable) or --stdin");
+  }
   if (!args.Has("layers"))
     return Usage(cmd,
                  "--layers is required (the recorded layer values, e.g. 6,12)");
-  auto layers = args.GetIntList("layers", "");
-  auto budget = args.GetInt("budget", 2400000);
-  if (!layers.ok()) return Usage(cmd, std::string(layers.status().message()));
-  if (!budget.ok()) return Usage(cmd, std::string(budget.status().message()));
+  WriterOptions o;
+  if (absl::Status st = WriterOptionsFromArgs(args, &o); !st.ok()) {
+    return Usage(cmd, std::string(st.message()));
+  }
+  if (args.Has("stdin")) return RunWriteStdin(args, std::move(o));
+  for (const char* name : {"tokens", "d-model", "examples", "labels"}) {
+    if (args.Has(name)) {
+      return Usage(cmd, absl::StrCat("--", name,
+                                     " is for --stdin; with --from the .npy "
+                                     "shapes say it"));
+    }
+  }
 
   std::vector<NpyFile> inputs;
   int64_t n_total = 0;
@@ -219,26 +441,16 @@ int RunWrite(const Args& args) {
     inputs.push_back(std::move(*npy));
   }
   const auto& shape = inputs.front().shape;
-  const bool cls = args.Has("cls");
-  if (shape[1] != static_cast<int64_t>(layers->size())) {
+  const bool cls = o.cls_token;
+  if (shape[1] != static_cast<int64_t>(o.layers.size())) {
     return Fail(cmd,
                 absl::StrCat(inputs.front().path, ": axis 1 has ", shape[1],
-                             " layers but --layers lists ", layers->size()));
+                             " layers but --layers lists ", o.layers.size()));
   }
   if (cls && shape[2] < 1) return Fail(cmd, "--cls needs at least one token");
-
-  WriterOptions o;
-  o.root = args.positional()[0];
-  o.layers = *layers;
-  o.cls_token = cls;
   o.content_tokens = shape[2] - (cls ? 1 : 0);
   o.d_model = shape[3];
   o.n_examples = n_total;
-  o.token_budget = *budget;
-  o.family = args.Get("family", "unknown");
-  o.ckpt = args.Get("ckpt", "unknown");
-  o.data = args.Get("data", "");
-  o.dataset = args.Get("dataset", "");
 
   NpyFile labels;
   if (args.Has("labels-from")) {
@@ -261,13 +473,26 @@ int RunWrite(const Args& args) {
   auto writer = DatasetWriter::Create(o);
   if (!writer.ok()) return Fail(cmd, std::string(writer.status().message()));
   const DatasetDesc& d = (*writer)->desc();
+  const ResumeInfo& info = (*writer)->resume_info();
+  PrintNotes(cmd, info);
+  if (info.resumed || info.complete) {
+    std::fprintf(stderr, "shardcast write: %s at example %lld of %lld\n",
+                 info.complete ? "already complete" : "resumed",
+                 static_cast<long long>((*writer)->examples_written()),
+                 static_cast<long long>(d.n_examples));
+  }
   Progress progress(
       "write",
       static_cast<uint64_t>(n_total) * d.example_bytes() + labels.data_bytes);
   std::vector<char> buffer(kChunkBytes);
   uint64_t done = 0;
-  auto copy = [&](const NpyFile& in, bool is_labels) -> absl::Status {
-    for (uint64_t pos = 0; pos < in.data_bytes;) {
+  // A resumed writer already holds the first bytes of each stream.
+  auto copy = [&](const NpyFile& in, bool is_labels,
+                  uint64_t* skip) -> absl::Status {
+    const uint64_t first = std::min(*skip, in.data_bytes);
+    *skip -= first;
+    done += first;
+    for (uint64_t pos = first; pos < in.data_bytes;) {
       const size_t n = static_cast<size_t>(
           std::min<uint64_t>(buffer.size(), in.data_bytes - pos));
       RETURN_IF_ERROR(PreadFull(in.fd.get(), buffer.data(), n,
@@ -284,12 +509,15 @@ int RunWrite(const Args& args) {
     }
     return absl::OkStatus();
   };
+  uint64_t skip =
+      static_cast<uint64_t>((*writer)->examples_written()) * d.example_bytes();
   for (const NpyFile& in : inputs) {
-    absl::Status st = copy(in, false);
+    absl::Status st = copy(in, false, &skip);
     if (!st.ok()) return Fail(cmd, std::string(st.message()));
   }
   if (o.with_labels) {
-    absl::Status st = copy(labels, true);
+    uint64_t label_skip = (*writer)->label_bytes_written();
+    absl::Status st = copy(labels, true, &label_skip);
     if (!st.ok()) return Fail(cmd, std::string(st.message()));
   }
   auto result = (*writer)->Finish();
@@ -540,28 +768,57 @@ std::vector<Command> LocalCommands() {
         json},
        RunSynth},
       {"write",
-       "write ROOT --from FILE.npy [--from FILE2.npy ...] --layers L1,L2 "
-       "[options]",
-       "write a protocol 2.1 dataset from float32 .npy arrays",
+       "write ROOT (--from FILE.npy [--from FILE2.npy ...] | --stdin --tokens "
+       "T --d-model D --examples N) --layers L1,L2 [options]",
+       "write a protocol 2.1 dataset from float32 .npy arrays or a stream",
        "Streams float32 arrays shaped [N, L, T, D] (T includes the CLS token "
        "when --cls) into a new dataset ROOT/<HASH>, concatenating the files "
        "along N, in one pass. The data is written to a temporary directory, "
        "fsynced and renamed into place, so an interrupted write never leaves "
        "a complete-looking dataset. If an identical dataset exists it is "
        "reused; if a different one has the same hash the command fails and "
-       "keeps the new data in the temporary directory.",
+       "keeps the new data in the temporary directory.\n"
+       "With --stdin the examples come as frames on stdin, each a 4-byte kind "
+       "(ACTS: float32 bytes of the [N, L, T, D] stream, any split; LABL: "
+       "uint8 labels [N, T - cls], any split; DONE: finish; ABRT: give up "
+       "and remove everything), a little-endian uint64 payload length, then "
+       "the payload. Input that ends without DONE, or any error, keeps the "
+       "complete shards for --resume. With --json, stdout has one JSON object "
+       "per line: {\"event\": \"ready\", \"examples_written\": ...} once the "
+       "writer stands, then \"done\" (the result) or \"error\" (code, "
+       "message).\n"
+       "--resume continues an interrupted write of the same dataset under "
+       "ROOT (same metadata, labels and padding) from its last complete "
+       "shard, after re-hashing the kept shards against the writer's "
+       "journal; with --from it skips the input already written, with "
+       "--stdin \"examples_written\" says where the producer continues.",
        {{"from", "FILE.npy", "input array [N, L, T, D] float32 (repeatable)",
          true},
+        {"stdin", nullptr, "read framed examples from stdin (see above)"},
         {"layers", "L1,L2,...", "layer values of axis 1 (required)"},
         {"cls", nullptr, "token 0 of axis 2 is the CLS token"},
+        {"tokens", "T", "--stdin: content tokens per example, without CLS"},
+        {"d-model", "D", "--stdin: activation width"},
+        {"examples", "N", "--stdin: number of examples"},
+        {"labels", nullptr, "--stdin: LABL frames bring labels.bin"},
         {"budget", "TOKENS",
          "patches_per_shard token budget (default 2400000)"},
         {"labels-from", "FILE.npy",
          "uint8 labels [N, content tokens] for labels.bin"},
+        {"resume", nullptr,
+         "continue an interrupted write of the same dataset"},
         {"family", "F", "model family (clip, siglip, dinov2, ...)"},
         {"ckpt", "C", "model checkpoint identifier"},
         {"data", "STR", "opaque dataset description (seed 000: base64 pickle)"},
         {"dataset", "PATH", "path of the source dataset"},
+        {"variant", "V",
+         "2.1 (default, seed 000) or 2.1-saev (saev's field names and "
+         "8-hex directory)"},
+        {"pixel-agg", "A",
+         "2.1-saev: metadata pixel_agg (saev's Metadata.load wants majority "
+         "or prefer-fg; default null)"},
+        {"full-last-shard", nullptr,
+         "pad the last shard file to full size (saev's loaders map it whole)"},
         json},
        RunWrite},
       {"info",

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -540,6 +541,45 @@ TEST(DatasetWriter, Protocol1VariantUsesNImgs) {
 
 // ------------------------------------------------------------- crash safety
 
+// Every file of two dataset directories, by name.
+void ExpectSameFiles(const std::string& a, const std::string& b) {
+  EXPECT_EQ(List(a), List(b)) << a << " vs " << b;
+  for (const std::string& name : List(a)) {
+    EXPECT_EQ(ReadFile(a + "/" + name), ReadFile(b + "/" + name)) << name;
+  }
+}
+
+// Appends examples [from, to) in `chunk`-byte pieces and labels of examples
+// [from, labels_to).
+void AppendRange(DatasetWriter& w, int64_t from, int64_t to,
+                 int64_t labels_to = -1, size_t chunk = 37) {
+  const std::string bytes = ExampleBytes(from, to - from);
+  for (size_t off = 0; off < bytes.size(); off += chunk) {
+    ASSERT_TRUE(
+        w.Append(bytes.data() + off, std::min(chunk, bytes.size() - off)).ok());
+  }
+  if (labels_to < 0) labels_to = to;
+  if (labels_to > from) {
+    const std::string labels = LabelBytes(labels_to);
+    ASSERT_TRUE(w.AppendLabels(reinterpret_cast<const uint8_t*>(labels.data()) +
+                                   from * kP,
+                               static_cast<size_t>((labels_to - from) * kP))
+                    .ok());
+  }
+}
+
+WriterOptions Resuming(WriterOptions o) {
+  o.resume = true;
+  return o;
+}
+
+// Finishes a resumed writer from where it says it stands.
+absl::StatusOr<WriteResult> FinishFrom(DatasetWriter& w, int64_t n) {
+  const int64_t at = w.examples_written();
+  AppendRange(w, at, n);
+  return w.Finish();
+}
+
 // After a crash, the root may hold only temporary directories and complete
 // datasets. Returns the number of complete datasets.
 int CheckRootAfterCrash(const std::string& root, int64_t n_examples) {
@@ -680,8 +720,333 @@ TEST(DatasetWriterCrash, KillAtArbitraryMomentsLeavesNoPartialDataset) {
       EXPECT_EQ(datasets, 1);
     }
     completed += datasets;
+    // Wherever it was killed (inside Finish too), a resumed writer ends with
+    // the one complete dataset.
+    auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->resume_info().complete, datasets == 1);
+    absl::StatusOr<WriteResult> r = FinishFrom(**w, 7);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(CheckRootAfterCrash(root.path(), kCrashExamples), 1);
   }
   RecordProperty("completed_before_kill", completed);
+}
+
+// ------------------------------------------------------------- resume
+
+TEST(DatasetWriterResume, AbandonedAnywhereThenResumedGivesTheSameFiles) {
+  TempRoot once;
+  absl::StatusOr<WriteResult> ref = WriteAll(Options(once.path(), 7));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (int64_t stop = 0; stop <= 7; ++stop) {
+    SCOPED_TRACE(absl::StrCat("abandoned after ", stop, " examples"));
+    TempRoot root;
+    std::string first_dir;
+    {
+      auto w = DatasetWriter::Create(Options(root.path(), 7));
+      ASSERT_TRUE(w.ok()) << w.status();
+      first_dir = (*w)->temp_dir();
+      AppendRange(**w, 0, stop);
+      (*w)->Abandon();
+      EXPECT_EQ((*w)->Append("x", 1).code(),
+                absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ((*w)->Finish().status().code(),
+                absl::StatusCode::kFailedPrecondition);
+    }
+    // Abandoned, not removed; nothing looks like a dataset.
+    EXPECT_TRUE(fs::is_directory(first_dir));
+    for (const std::string& name : List(root.path())) {
+      EXPECT_TRUE(IsTempName(name)) << name;
+    }
+    auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ResumeInfo& info = (*w)->resume_info();
+    EXPECT_TRUE(info.resumed);
+    EXPECT_EQ(info.from, first_dir);
+    // Shards of 2 examples; the last one holds 1.
+    const int64_t kept = stop == 7 ? 7 : stop / kS * kS;
+    EXPECT_EQ((*w)->examples_written(), kept);
+    EXPECT_EQ(info.examples, kept);
+    EXPECT_EQ(info.shards, (kept + 1) / kS);
+    EXPECT_EQ((*w)->label_bytes_written(), static_cast<uint64_t>(kept * kP));
+    EXPECT_FALSE(fs::exists(first_dir));  // renamed for this process
+    absl::StatusOr<WriteResult> r = FinishFrom(**w, 7);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->reused);
+    EXPECT_EQ(r->hash, kHash7);
+    ExpectSameFiles(r->path, ref->path);
+    EXPECT_EQ(List(root.path()), (std::set<std::string>{kHash7}));
+  }
+}
+
+TEST(DatasetWriterResume, ShardsWhoseLabelsHadNotArrivedAreRewritten) {
+  TempRoot root;
+  {
+    auto w = DatasetWriter::Create(Options(root.path(), 7));
+    ASSERT_TRUE(w.ok());
+    AppendRange(**w, 0, 6, /*labels_to=*/3);  // 3 shards, labels for 1.5
+    (*w)->Abandon();
+  }
+  auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->examples_written(), 2);
+  absl::StatusOr<WriteResult> r = FinishFrom(**w, 7);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ReadFile(r->path + "/labels.bin"), LabelBytes(7));
+  EXPECT_EQ(
+      system(
+          ("cd '" + r->path + "' && sha256sum -c --quiet SHA256SUMS").c_str()),
+      0);
+}
+
+// Abandons a write of 7 examples after 6, applies `damage` to its temporary
+// directory and resumes: returns the examples the resumed writer kept, after
+// checking that the finished dataset equals one written in one go.
+int64_t ResumeAfterDamage(
+    const std::function<void(const std::string& dir)>& damage,
+    std::vector<std::string>* notes = nullptr) {
+  TempRoot once, root;
+  absl::StatusOr<WriteResult> ref = WriteAll(Options(once.path(), 7));
+  EXPECT_TRUE(ref.ok());
+  {
+    auto w = DatasetWriter::Create(Options(root.path(), 7));
+    EXPECT_TRUE(w.ok());
+    AppendRange(**w, 0, 6);
+    damage((*w)->temp_dir());
+    (*w)->Abandon();
+  }
+  auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return -1;
+  const int64_t kept = (*w)->examples_written();
+  if (notes != nullptr) *notes = (*w)->resume_info().notes;
+  absl::StatusOr<WriteResult> r = FinishFrom(**w, 7);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) ExpectSameFiles(r->path, ref->path);
+  return kept;
+}
+
+TEST(DatasetWriterResume, ShardThatDoesNotVerifyIsRewrittenWithThoseAfterIt) {
+  std::vector<std::string> notes;
+  EXPECT_EQ(ResumeAfterDamage(
+                [](const std::string& dir) {
+                  std::fstream f(dir + "/acts000001.bin", std::ios::in |
+                                                              std::ios::out |
+                                                              std::ios::binary);
+                  f.seekp(17);
+                  f.put('\x55');
+                },
+                &notes),
+            2);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("acts000001.bin"));
+  EXPECT_THAT(notes[0], HasSubstr("SHA-256"));
+  // A truncated shard, missing shard, or changed labels alike.
+  EXPECT_EQ(ResumeAfterDamage([](const std::string& dir) {
+              fs::resize_file(dir + "/acts000002.bin", kExampleBytes);
+            }),
+            4);
+  EXPECT_EQ(ResumeAfterDamage([](const std::string& dir) {
+              fs::remove(dir + "/acts000000.bin");
+            }),
+            0);
+  EXPECT_EQ(ResumeAfterDamage([](const std::string& dir) {
+              std::fstream f(dir + "/labels.bin",
+                             std::ios::in | std::ios::out | std::ios::binary);
+              f.seekp(3 * kP);  // example 3: shard 1
+              f.put('\x01');
+            }),
+            2);
+}
+
+TEST(DatasetWriterResume, JournalLineThatDoesNotParseEndsWhatIsKept) {
+  const std::string journal = DatasetWriter::kJournalFile;
+  // A torn last line (no newline) is ignored.
+  EXPECT_EQ(ResumeAfterDamage([&](const std::string& dir) {
+              const std::string text = ReadFile(dir + "/" + journal);
+              WriteFile(dir + "/" + journal, text.substr(0, text.size() - 9));
+            }),
+            4);
+  // A damaged line: that shard and all after it are rewritten.
+  EXPECT_EQ(ResumeAfterDamage([&](const std::string& dir) {
+              std::string text = ReadFile(dir + "/" + journal);
+              const size_t second = text.find("\n1 acts000001.bin ");
+              ASSERT_NE(second, std::string::npos) << text;
+              text[second + 3] = 'X';
+              WriteFile(dir + "/" + journal, text);
+            }),
+            2);
+  // A journal whose header is garbage: nothing to resume, a fresh start
+  // (the damaged directory is left alone).
+  EXPECT_EQ(ResumeAfterDamage([&](const std::string& dir) {
+              WriteFile(dir + "/" + journal, "not json\n");
+            }),
+            0);
+  // Nor a header cut short of its newline.
+  EXPECT_EQ(ResumeAfterDamage([&](const std::string& dir) {
+              const std::string text = ReadFile(dir + "/" + journal);
+              WriteFile(dir + "/" + journal, text.substr(0, text.find('\n')));
+            }),
+            0);
+}
+
+TEST(DatasetWriterResume, MismatchedWriterOptionsRefuseToResume) {
+  TempRoot root;
+  std::string dir;
+  {
+    auto w = DatasetWriter::Create(Options(root.path(), 7, /*labels=*/true));
+    ASSERT_TRUE(w.ok());
+    dir = (*w)->temp_dir();
+    AppendRange(**w, 0, 4);
+    (*w)->Abandon();
+  }
+  // Same dataset (same hash) without labels: refused, naming the option and
+  // the directory, which is left as it was.
+  absl::Status st =
+      DatasetWriter::Create(Resuming(Options(root.path(), 7, false))).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("labels"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr(dir));
+  EXPECT_TRUE(fs::exists(dir + "/acts000001.bin"));
+  // Other metadata is another dataset: written afresh, with a note saying
+  // what differs from the interrupted write found.
+  auto other = DatasetWriter::Create(Resuming(Options(root.path(), 6)));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE((*other)->resume_info().resumed);
+  EXPECT_EQ((*other)->examples_written(), 0);
+  ASSERT_EQ((*other)->resume_info().notes.size(), 1u);
+  EXPECT_THAT((*other)->resume_info().notes[0],
+              HasSubstr("n_examples 6 here, 7 there"));
+  other->reset();
+  // The same options still resume it.
+  auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->examples_written(), 4);
+}
+
+TEST(DatasetWriterResume, DirectoryOfALiveWriterIsNotTaken) {
+  TempRoot root;
+  auto live = DatasetWriter::Create(Options(root.path(), 7));
+  ASSERT_TRUE(live.ok());
+  AppendRange(**live, 0, 3);
+  absl::Status st =
+      DatasetWriter::Create(Resuming(Options(root.path(), 7))).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("running writer"));
+  // The live writer goes on undisturbed.
+  AppendRange(**live, 3, 7);
+  absl::StatusOr<WriteResult> r = (*live)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(CheckRootAfterCrash(root.path(), 7), 1);
+}
+
+TEST(DatasetWriterResume, FinishedDatasetIsCompleteAtOnce) {
+  TempRoot root;
+  absl::StatusOr<WriteResult> first = WriteAll(Options(root.path(), 7));
+  ASSERT_TRUE(first.ok());
+  auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE((*w)->resume_info().complete);
+  EXPECT_EQ((*w)->examples_written(), 7);
+  EXPECT_TRUE((*w)->temp_dir().empty());
+  EXPECT_EQ((*w)->Append(ExampleBytes(0, 1).data(), kExampleBytes).code(),
+            absl::StatusCode::kOutOfRange);
+  absl::StatusOr<WriteResult> r = (*w)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->reused);
+  EXPECT_EQ(r->path, first->path);
+  // Asked for without labels, the dataset there is not this one.
+  EXPECT_EQ(DatasetWriter::Create(Resuming(Options(root.path(), 7, false)))
+                .status()
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(List(root.path()), (std::set<std::string>{kHash7}));
+}
+
+TEST(DatasetWriterResume, PaddedLastShardOfTheSaevVariantResumes) {
+  TempRoot once, root;
+  auto options = [](const std::string& r) {
+    WriterOptions o = Options(r, 7);
+    o.variant = Variant::kV2Saev;
+    o.full_size_last_shard = true;
+    o.pixel_agg = "majority";
+    return o;
+  };
+  absl::StatusOr<WriteResult> ref = WriteAll(options(once.path()));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(Json::parse(ReadFile(ref->path + "/metadata.json"))["pixel_agg"],
+            "majority");
+  {
+    auto w = DatasetWriter::Create(options(root.path()));
+    ASSERT_TRUE(w.ok());
+    AppendRange(**w, 0, 7);  // every shard written, Finish never called
+    (*w)->Abandon();
+  }
+  auto w = DatasetWriter::Create(Resuming(options(root.path())));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->examples_written(), 7);
+  absl::StatusOr<WriteResult> r = (*w)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSameFiles(r->path, ref->path);
+}
+
+TEST(DatasetWriterResume, KilledWriterProcessIsResumedAtItsLastJournaledShard) {
+  TempRoot once;
+  absl::StatusOr<WriteResult> ref = WriteAll(Options(once.path(), 7));
+  ASSERT_TRUE(ref.ok());
+  for (int kill_at = 0; kill_at <= kCrashExamples + 1; ++kill_at) {
+    SCOPED_TRACE(absl::StrCat("killed after step ", kill_at));
+    TempRoot root;
+    int progress[2], go[2];
+    ASSERT_EQ(pipe(progress), 0);
+    ASSERT_EQ(pipe(go), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(progress[0]);
+      close(go[1]);
+      CrashChild(root.path(), progress[1], go[0], /*lockstep=*/true);
+    }
+    close(progress[1]);
+    close(go[0]);
+    for (int step = 0;; ++step) {
+      char c;
+      ASSERT_EQ(read(progress[0], &c, 1), 1) << "child died early at " << step;
+      if (step == kill_at) break;
+      ASSERT_EQ(write(go[1], "g", 1), 1);
+    }
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    close(progress[0]);
+    close(go[1]);
+
+    auto w = DatasetWriter::Create(Resuming(Options(root.path(), 7)));
+    ASSERT_TRUE(w.ok()) << w.status();
+    // The child writes one example (and its labels) per step; shards hold 2.
+    const int64_t expected =
+        kill_at > kCrashExamples ? 7 : (kill_at == 7 ? 7 : kill_at / kS * kS);
+    EXPECT_EQ((*w)->examples_written(), expected);
+    EXPECT_EQ((*w)->resume_info().complete, kill_at > kCrashExamples);
+    EXPECT_EQ((*w)->resume_info().resumed, kill_at <= kCrashExamples);
+    absl::StatusOr<WriteResult> r = FinishFrom(**w, 7);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ExpectSameFiles(r->path, ref->path);
+    EXPECT_EQ(List(root.path()), (std::set<std::string>{kHash7}));
+  }
+}
+
+TEST(DatasetWriter, PixelAggIsASaevVariantField) {
+  TempRoot root;
+  WriterOptions o = Options(root.path(), 7);
+  o.pixel_agg = "majority";
+  absl::Status st = DatasetWriter::Create(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("pixel_agg"));
+  o.variant = Variant::kV2Saev;
+  o.pixel_agg = 3;
+  EXPECT_EQ(DatasetWriter::Create(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -7,13 +7,13 @@
 
 See docs/python.md, for the API, shardcast.torch for a PyTorch
 IterableDataset, shardcast.compat.saev for saev's DataLoaders, and
-shardcast.write for writing datasets.
+shardcast.write / shardcast.Writer for writing datasets.
 """
 
 from shardcast._client import (ADDRESS_VARIABLE, Batch, Client, Error, Stream,
                                bfloat16_to_float32)
-from shardcast._writer import write
+from shardcast._writer import WriteProgress, Writer, write
 
-__all__ = ["ADDRESS_VARIABLE", "Batch", "Client", "Error", "Stream", "bfloat16_to_float32",
-           "write"]
+__all__ = ["ADDRESS_VARIABLE", "Batch", "Client", "Error", "Stream", "WriteProgress", "Writer",
+           "bfloat16_to_float32", "write"]
 __version__ = "0.1.0"
