@@ -68,6 +68,9 @@ echo "== two trainers sharing one disk pass (shuffled, 2 epochs each, every batc
 $sc --server "unix:$sock" bench "$id" --clients 2 --epochs 2 --tokens all \
   --batch-size 4096 --seed 1 --check --dir "$path" --cold --daemon-pid "$daemon"
 $sc --server "unix:$sock" status
+echo "== the main job as a user sees it: an extraction loop writes with shardcast.Writer, a tiny SAE trains on the CPU from the Python package =="
+rm -rf "$root-sae"
+SHARDCAST_ADDRESS="unix:$sock" PYTHONPATH=client/python /usr/bin/python3 deploy/demo_sae.py "$root-sae"
 kill -TERM $daemon
 wait $daemon && echo "shardcastd exited 0 after SIGTERM"
 trap - EXIT
