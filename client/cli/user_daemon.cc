@@ -183,7 +183,18 @@ absl::StatusOr<std::string> UserDaemonAddress() {
   }
   ASSIGN_OR_RETURN(std::string dir, PrivateDir());
   const std::string sock = JoinPath(dir, "shardcastd.sock");
-  if (!Answers(sock)) RETURN_IF_ERROR(Start(dir, sock));
+  if (!Answers(sock)) {
+    // Sites that forbid per-user daemons, and the test suite, set it.
+    const char* no_start = std::getenv("SHARDCAST_NO_AUTOSTART");
+    if (no_start != nullptr && std::string(no_start) != "" &&
+        std::string(no_start) != "0") {
+      return absl::UnavailableError(absl::StrCat(
+          "no shardcast daemon: give --server or set ",
+          Client::kAddressVariable,
+          ", or unset SHARDCAST_NO_AUTOSTART to start your own"));
+    }
+    RETURN_IF_ERROR(Start(dir, sock));
+  }
   return absl::StrCat("unix:", sock);
 }
 

@@ -20,6 +20,10 @@ import time
 
 ADDRESS_VARIABLE = "SHARDCAST_ADDRESS"
 DAEMON_VARIABLE = "SHARDCASTD_BIN"
+# Set (to anything but "" or "0"): never start a daemon, fail instead
+# (sites that forbid per-user daemons; the test suite, so that a test that
+# forgets its address cannot leave one behind).
+NO_START_VARIABLE = "SHARDCAST_NO_AUTOSTART"
 NODE_SOCKET = "/run/shardcast/shardcastd.sock"
 IDLE_SECONDS = 300
 READY_SECONDS = 10.0
@@ -160,5 +164,9 @@ def resolve(address=None):
     directory = private_dir()
     sock = os.path.join(directory, "shardcastd.sock")
     if not (os.path.exists(sock) and _answers(sock)):
+        if os.environ.get(NO_START_VARIABLE, "") not in ("", "0"):
+            raise StartError("UNAVAILABLE", (
+                f"no shardcast daemon: set {ADDRESS_VARIABLE}, or unset "
+                f"{NO_START_VARIABLE} to let the package start your own"))
         _start(directory, sock)
     return f"unix:{sock}"

@@ -124,7 +124,8 @@ def test_local_commands_with_server_are_usage_errors(cli, served):
         os.chmod(xdg, 0o700)
         os.mkdir(os.path.join(xdg, "shardcast"), 0o755)
         os.chmod(os.path.join(xdg, "shardcast"), 0o755)
-        env = {k: v for k, v in os.environ.items() if k != "SHARDCAST_ADDRESS"}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SHARDCAST_ADDRESS", "SHARDCAST_NO_AUTOSTART")}
         env["XDG_RUNTIME_DIR"] = xdg
         proc = subprocess.run([cli.binary, "ls"], capture_output=True, text=True,
                               env=env, timeout=60)

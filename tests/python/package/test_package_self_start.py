@@ -55,6 +55,7 @@ def _env(runtime_dir, **extra):
     env = dict(CHILD_ENV, XDG_RUNTIME_DIR=str(runtime_dir),
                SHARDCASTD_BIN=str(SHARDCASTD_BIN))
     env.pop("SHARDCAST_ADDRESS", None)
+    env.pop("SHARDCAST_NO_AUTOSTART", None)  # the suite sets it
     env.update(extra)
     return env
 
@@ -169,3 +170,21 @@ def test_the_cli_without_an_address_starts_the_same_daemon_python_finds(
     later = _run(TRAINER, r.path, env=env)
     assert later.returncode == 0, later.stderr
     assert later.stdout.split()[1] == pid
+
+
+def test_no_autostart_fails_instead_of_starting_a_daemon(datasets, runtime_dir):
+    """SHARDCAST_NO_AUTOSTART (sites that forbid per-user daemons; this
+    test suite): no address and no daemon is UNAVAILABLE naming the
+    variables, from the package and from the CLI, and nothing is started."""
+    from package_fixtures import SHARDCAST_BIN
+    env = _env(runtime_dir, SHARDCAST_NO_AUTOSTART="1")
+    code = ("import shardcast\n"
+            "try:\n    shardcast.Client()\n"
+            "except shardcast.Error as e:\n    print(e.code, e.message)\n")
+    out = _run(code, env=env)
+    assert out.stdout.startswith("UNAVAILABLE") and "SHARDCAST_NO_AUTOSTART" in out.stdout, (
+        out.stdout + out.stderr)
+    cli = subprocess.run([str(SHARDCAST_BIN), "ls"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert cli.returncode == 1 and "SHARDCAST_NO_AUTOSTART" in cli.stderr, cli.stderr
+    assert not (runtime_dir / "shardcast" / "shardcastd.sock").exists()
