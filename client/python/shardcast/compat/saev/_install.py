@@ -28,8 +28,9 @@ def install(address=None):
     spellings in saev.data.shuffled / ordered / indexed) become this
     package's, in saev.data and in every saev module already imported that
     holds them, so saev's trainer (saev.framework.train) and inference read
-    through the daemon. `address` is the daemon's (default
-    $SHARDCAST_ADDRESS). Call it before importing saev's trainer, whose
+    through the daemon. `address` is the daemon's (default: the one a
+    Client finds without an address: $SHARDCAST_ADDRESS, the node's, or
+    your own, started when needed). Call it before importing saev's trainer, whose
     Config names the config class it was imported with (its loaders accept
     saev's own configs too). Idempotent; ImportError without saev."""
     if address is not None:
