@@ -433,11 +433,15 @@ TEST(Reservoir, BackgroundPrefaultLeavesParkedSlotsAloneUntilUnparked) {
   // The region's memory must not be taken back by the prefault. 64 slots of
   // 256 KiB, the top 8 parked; the reservation is dropped (the engine keeps
   // it while parked) so that the prefault runs meanwhile.
-  auto r = MakeReservoir(64 * 256 * kKiB, 256 * kKiB, Prefault::kBackground);
+  // Parked before the prefault starts: a prefault thread that ran ahead of
+  // this test (TSan, a loaded machine) made the outcome a race.
+  auto r = MakeReservoir(64 * 256 * kKiB, 256 * kKiB, Prefault::kBackground,
+                         /*start=*/false);
   ASSERT_NE(r, nullptr);
   ASSERT_TRUE(r->Reserve(8, "a lease").ok());
   r->Park(8);
   r->Unreserve(8);
+  r->StartPrefault();
   ASSERT_TRUE(Eventually([&] { return r->slots_touched() == 56; }))
       << r->slots_touched() << " of 56 slots touched";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -463,9 +467,14 @@ TEST(Reservoir, BackgroundPrefaultPausesWhileAnythingIsReserved) {
   // 128 slots of 256 KiB: more than the thread touches before Reserve, and
   // little enough for a nice-19 thread on a loaded machine (CI runs tests
   // in parallel) to finish within Eventually's 20 s.
-  auto r = MakeReservoir(128 * 256 * kKiB, 256 * kKiB, Prefault::kBackground);
+  // Reserved before the prefault starts: one that ran ahead of this test
+  // (TSan, a loaded machine) had touched all 128 slots before Reserve, 1 run
+  // in 10 under TSan.
+  auto r = MakeReservoir(128 * 256 * kKiB, 256 * kKiB, Prefault::kBackground,
+                         /*start=*/false);
   ASSERT_NE(r, nullptr);
   ASSERT_TRUE(r->Reserve(1, "a stream").ok());
+  r->StartPrefault();
   const int64_t at_reserve = r->slots_touched();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // The slot being touched at Reserve may still be finished (one step).
