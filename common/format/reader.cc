@@ -42,6 +42,24 @@ absl::StatusOr<std::unique_ptr<DatasetReader>> DatasetReader::Open(
   return reader;
 }
 
+absl::StatusOr<UniqueFd> DatasetReader::ReopenShard(int64_t shard,
+                                                    int flags) const {
+  const int fd = shard_fd(shard);
+  const std::string& path = shard_path(shard);
+  absl::StatusOr<UniqueFd> own =
+      OpenFile(absl::StrCat("/proc/self/fd/", fd), O_RDONLY | flags);
+  if (!absl::IsPermissionDenied(own.status())) {
+    return own.ok() ? std::move(own) : Annotate(own.status(), path);
+  }
+  if ((flags & O_DIRECT) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": a handed-over file cannot be reopened for O_DIRECT"));
+  }
+  UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) return ErrnoToStatus(errno, absl::StrCat("dup ", path));
+  return dup;
+}
+
 FileRange DatasetReader::ShardRange(const VectorLocation& at,
                                     uint64_t length) const {
   const size_t shard = static_cast<size_t>(at.shard);

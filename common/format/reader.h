@@ -91,6 +91,14 @@ class DatasetReader {
   const std::string& shard_path(int64_t shard) const {
     return shard_paths_[static_cast<size_t>(shard)];
   }
+  /// A new descriptor of shard `shard`'s inode with its own file status
+  /// (open(2) `flags`, e.g. O_DIRECT) and read-ahead hints, opened through
+  /// /proc/self/fd, so a file replaced on disk since is not picked up. A
+  /// file this process's user may not open (a client handed it over) is a
+  /// duplicate of the reader's descriptor instead, which shares its status:
+  /// then O_DIRECT is INVALID_ARGUMENT (read buffered). Errors name the
+  /// shard's path.
+  absl::StatusOr<UniqueFd> ReopenShard(int64_t shard, int flags) const;
 
  private:
   explicit DatasetReader(DatasetInfo info) : info_(std::move(info)) {}

@@ -85,20 +85,10 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
 absl::StatusOr<int> OrderedStream::ShardFd(int64_t shard) {
   UniqueFd& fd = fds_[static_cast<size_t>(shard)];
   if (fd.valid()) return fd.get();
-  const int reader_fd = reader_->shard_fd(shard);
-  // The same inode as the reader's descriptor; a file the daemon's user
-  // may not open (handed over by a client) through a duplicate.
-  absl::StatusOr<UniqueFd> own =
-      OpenFile(absl::StrCat("/proc/self/fd/", reader_fd), O_RDONLY);
-  if (!own.ok()) {
-    own = UniqueFd(::fcntl(reader_fd, F_DUPFD_CLOEXEC, 0));
-    if (!own->valid()) {
-      return ErrnoToStatus(errno, absl::StrCat("dup ", reader_->shard_path(shard)));
-    }
-  }
-  ::posix_fadvise(own->get(), 0, 0,
+  ASSIGN_OR_RETURN(UniqueFd own, reader_->ReopenShard(shard, 0));
+  ::posix_fadvise(own.get(), 0, 0,
                   sparse_ ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
-  fd = *std::move(own);
+  fd = std::move(own);
   return fd.get();
 }
 

@@ -928,20 +928,8 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
           fds.emplace_back();
           continue;
         }
-        auto fd = OpenFile(absl::StrCat("/proc/self/fd/", r.shard_fd(s)),
-                           O_RDONLY | (o_direct ? O_DIRECT : 0));
-        if (absl::IsPermissionDenied(fd.status())) {
-          // A file a client handed over that the daemon's own user may not
-          // open: read through the handed descriptor (buffered; O_DIRECT
-          // would change the reader's descriptor too).
-          if (o_direct) {
-            return absl::InvalidArgumentError(
-                "a handed-over file cannot be reopened for O_DIRECT");
-          }
-          fd = UniqueFd(::fcntl(r.shard_fd(s), F_DUPFD_CLOEXEC, 0));
-          if (!fd->valid()) fd = ErrnoToStatus(errno, "dup");
-        }
-        if (!fd.ok()) return Annotate(fd.status(), r.shard_path(s));
+        auto fd = r.ReopenShard(s, o_direct ? O_DIRECT : 0);
+        if (!fd.ok()) return fd.status();
         if (!o_direct) {
           ::posix_fadvise(fd->get(), 0, 0,
                           sparse ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
