@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/local_queries_internal.h"
+#include "client/message_json_internal.h"
 #include "client/shared_memory_internal.h"
 #include "client/vectors_path_internal.h"
 #include "common/base/file.h"
@@ -685,6 +686,14 @@ absl::StatusOr<DaemonStatus> Client::GetStatus() {
   v1::ServerStatus resp;
   RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->GetStatus(&ctx, req, &resp)));
   return FromProto(resp);
+}
+
+absl::StatusOr<std::string> Client::GetStatusJson() {
+  grpc::ClientContext ctx;
+  v1::GetStatusRequest req;
+  v1::ServerStatus resp;
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->GetStatus(&ctx, req, &resp)));
+  return internal_client::MessageJson(resp);
 }
 
 absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {

@@ -454,140 +454,58 @@ int RunStatus(const Args& args) {
   const char* cmd = "status";
   auto client = Connect();
   if (!client.ok()) return Fail(cmd, std::string(client.status().message()));
-  auto s = (*client)->GetStatus();
-  if (!s.ok()) return Fail(cmd, std::string(s.status().message()));
-  OrderedJson j;
-  j["version"] = s->version;
-  j["uptime_seconds"] = s->uptime_seconds;
-  j["query_threads"] = s->query_threads;
-  j["connected_clients"] = s->connected_clients;
-  j["calls_total"] = s->calls_total;
-  j["calls_failed"] = s->calls_failed;
-  j["bytes_served"] = s->bytes_served;
-  j["bytes_read_from_disk"] = s->bytes_read_from_disk;
-  j["device_read_bytes"] = s->device_read_bytes;
-  j["memory_rss_bytes"] = s->memory_rss_bytes;
-  j["memory_rss_anon_bytes"] = s->memory_rss_anon_bytes;
-  j["memory_rss_file_bytes"] = s->memory_rss_file_bytes;
-  j["memory_rss_shmem_bytes"] = s->memory_rss_shmem_bytes;
-  j["datasets_ok"] = s->datasets_ok;
-  j["datasets_failed"] = s->datasets_failed;
-  j["reservoir_bytes"] = s->reservoir_bytes;
-  j["reservoir_bytes_in_use"] = s->reservoir_bytes_in_use;
-  j["reservoir_bytes_reserved"] = s->reservoir_bytes_reserved;
-  j["reservoir_bytes_touched"] = s->reservoir_bytes_touched;
-  j["blocks_read"] = s->blocks_read;
-  j["bytes_delivered"] = s->bytes_delivered;
-  j["shm_regions"] = s->shm_regions;
-  j["shm_bytes"] = s->shm_bytes;
-  j["shm_streams"] = s->shm_streams;
-  OrderedJson scans = OrderedJson::array();
-  for (const DaemonStatus::Scan& scan : s->scans) {
-    OrderedJson sj;
-    sj["dataset"] = scan.dataset;
-    sj["selection"] = scan.selection;
-    sj["io"] = scan.io;
-    sj["blocks"] = scan.blocks;
-    sj["cycle"] = scan.cycle;
-    sj["position"] = scan.position;
-    sj["blocks_read"] = scan.blocks_read;
-    sj["bytes_read"] = scan.bytes_read;
-    OrderedJson clients = OrderedJson::array();
-    for (const DaemonStatus::Scan::Client& c : scan.clients) {
-      OrderedJson cj;
-      cj["client"] = c.client;
-      cj["peer"] = c.peer;
-      cj["rank"] = c.rank;
-      cj["world_size"] = c.world_size;
-      cj["epoch"] = c.epoch;
-      cj["lag_blocks"] = c.lag_blocks;
-      cj["blocks_needed"] = c.blocks_needed;
-      cj["blocks_delivered"] = c.blocks_delivered;
-      cj["blocks_skipped"] = c.blocks_skipped;
-      cj["bytes_delivered"] = c.bytes_delivered;
-      clients.push_back(cj);
-    }
-    sj["clients"] = clients;
-    scans.push_back(sj);
-  }
-  OrderedJson streams = OrderedJson::array();
-  for (const DaemonStatus::Stream& c : s->streams) {
-    OrderedJson cj;
-    cj["client"] = c.client;
-    cj["peer"] = c.peer;
-    cj["dataset"] = c.dataset;
-    cj["order"] = c.order;
-    cj["transport"] = c.transport;
-    cj["rank"] = c.rank;
-    cj["world_size"] = c.world_size;
-    cj["seconds"] = c.seconds;
-    cj["batches"] = c.batches;
-    cj["bytes"] = c.bytes;
-    streams.push_back(cj);
-  }
+  // The reply as the client gets it, every field by its proto name: nothing
+  // here names a counter, so a figure the daemon adds is printed too.
+  absl::StatusOr<std::string> text = (*client)->GetStatusJson();
+  if (!text.ok()) return Fail(cmd, std::string(text.status().message()));
+  absl::StatusOr<Json> parsed = ParseJson(*text, "the daemon's status");
+  if (!parsed.ok()) return Fail(cmd, std::string(parsed.status().message()));
+  const Json& j = *parsed;
   if (args.Has("json")) {
-    j["scans"] = scans;
-    j["streams"] = streams;
-    // Every figure as the daemon declares it (the /metrics families).
-    OrderedJson figures = OrderedJson::array();
-    for (const DaemonStatus::Figure& f : s->figures) {
-      OrderedJson fj;
-      fj["name"] = f.name;
-      fj["kind"] = f.kind;
-      fj["unit"] = f.unit;
-      fj["help"] = f.help;
-      fj["label_names"] = f.label_names;
-      OrderedJson samples = OrderedJson::array();
-      for (const DaemonStatus::Figure::Sample& sample : f.samples) {
-        samples.push_back({{"labels", sample.labels}, {"value", sample.value}});
-      }
-      fj["samples"] = samples;
-      figures.push_back(fj);
-    }
-    j["figures"] = figures;
     std::printf("%s\n", JsonText(j, 2).c_str());
     return kExitOk;
   }
+  // Text: the scalar fields one per line, then a line per scan, per client
+  // of a scan and per stream (the lists of figures and local clients are in
+  // --json and on /metrics).
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.value().is_structured()) continue;
     std::printf("%-26s %s\n", it.key().c_str(), JsonText(it.value()).c_str());
   }
-  for (const OrderedJson& sj : scans) {
+  auto str = [](const Json& o, const char* key) {
+    const Json& v = o.at(key);
+    return v.is_string() ? v.get<std::string>() : JsonText(v);
+  };
+  auto num = [](const Json& o, const char* key) {
+    return o.at(key).get<double>();
+  };
+  for (const Json& sj : j.at("scans")) {
     std::printf(
-        "scan %s (%s, %s reads): cycle %lld, position %lld of %lld blocks, "
-        "%lld blocks read\n",
-        sj["dataset"].get<std::string>().substr(0, 12).c_str(),
-        sj["selection"].get<std::string>().c_str(),
-        sj["io"].get<std::string>().c_str(), sj["cycle"].get<long long>(),
-        sj["position"].get<long long>(), sj["blocks"].get<long long>(),
-        sj["blocks_read"].get<long long>());
-    for (const OrderedJson& cj : sj["clients"]) {
+        "scan %s (%s, %s reads): cycle %.0f, position %.0f of %.0f blocks, "
+        "%.0f blocks read\n",
+        str(sj, "dataset").substr(0, 12).c_str(), str(sj, "selection").c_str(),
+        str(sj, "io").c_str(), num(sj, "cycle"), num(sj, "position"),
+        num(sj, "blocks"), num(sj, "blocks_read"));
+    for (const Json& cj : sj.at("clients")) {
       std::printf(
-          "  client %s (%s) rank %lld/%lld: epoch %lld, lag %lld blocks, "
-          "%lld still needed, %lld delivered, %lld deferred\n",
-          cj["client"].get<std::string>().c_str(),
-          cj["peer"].get<std::string>().c_str(), cj["rank"].get<long long>(),
-          cj["world_size"].get<long long>(), cj["epoch"].get<long long>(),
-          cj["lag_blocks"].get<long long>(),
-          cj["blocks_needed"].get<long long>(),
-          cj["blocks_delivered"].get<long long>(),
-          cj["blocks_skipped"].get<long long>());
+          "  client %s (%s) rank %.0f/%.0f: epoch %.0f, lag %.0f blocks, "
+          "%.0f still needed, %.0f delivered, %.0f deferred\n",
+          str(cj, "client").c_str(), str(cj, "peer").c_str(), num(cj, "rank"),
+          num(cj, "world_size"), num(cj, "epoch"), num(cj, "lag_blocks"),
+          num(cj, "blocks_needed"), num(cj, "blocks_delivered"),
+          num(cj, "blocks_skipped"));
     }
   }
-  for (const OrderedJson& cj : streams) {
-    const double seconds = cj["seconds"].get<double>();
-    const double bytes = static_cast<double>(cj["bytes"].get<uint64_t>());
+  for (const Json& cj : j.at("streams")) {
+    const double seconds = num(cj, "seconds");
+    const double mib = num(cj, "bytes") / (1 << 20);
     std::printf(
-        "stream %s (%s): %s %s over %s, rank %lld/%lld, %llu batches, "
+        "stream %s (%s): %s %s over %s, rank %.0f/%.0f, %.0f batches, "
         "%.1f MiB in %.1f s (%.1f MiB/s)\n",
-        cj["client"].get<std::string>().c_str(),
-        cj["peer"].get<std::string>().c_str(),
-        cj["order"].get<std::string>().c_str(),
-        cj["dataset"].get<std::string>().substr(0, 12).c_str(),
-        cj["transport"].get<std::string>().c_str(), cj["rank"].get<long long>(),
-        cj["world_size"].get<long long>(),
-        static_cast<unsigned long long>(cj["batches"].get<uint64_t>()),
-        bytes / (1 << 20), seconds,
-        seconds > 0 ? bytes / (1 << 20) / seconds : 0.0);
+        str(cj, "client").c_str(), str(cj, "peer").c_str(),
+        str(cj, "order").c_str(), str(cj, "dataset").substr(0, 12).c_str(),
+        str(cj, "transport").c_str(), num(cj, "rank"), num(cj, "world_size"),
+        num(cj, "batches"), mib, seconds, seconds > 0 ? mib / seconds : 0.0);
   }
   return kExitOk;
 }

@@ -376,6 +376,11 @@ class Client {
   absl::StatusOr<DatasetDescription> AttachDataset(const std::string& path);
   /// The daemon's counters and its active shared scans.
   absl::StatusOr<DaemonStatus> GetStatus();
+  /// The same reply as JSON text, whole and generic: every field of
+  /// shardcast.v1.ServerStatus by its proto name (unset ones included),
+  /// integers as JSON numbers. What `shardcast status --json` prints; a
+  /// field the daemon adds shows up here with no change to the client.
+  absl::StatusOr<std::string> GetStatusJson();
   /// grpc.health.v1 serving states.
   enum class Health { kUnknown = 0, kServing = 1, kNotServing = 2 };
   /// Asks the standard grpc.health.v1.Health/Check ("" = the whole server)

@@ -118,6 +118,19 @@ def test_json_logs_status_and_metrics_name_each_stream_by_its_client_id(
         assert mine["batches"] >= 3 and mine["bytes"] >= 3 * 32 * 64 * 4, mine
         [scan] = json.loads(status.out)["scans"]
         assert [c["client"] for c in scan["clients"]] == [client_id], scan
+        # Every field of the reply, by its proto name (Python's own
+        # descriptor of shardcast.v1.ServerStatus), integers as numbers.
+        from shardcast.v1 import shardcast_pb2
+        fields = [f.name for f in shardcast_pb2.ServerStatus.DESCRIPTOR.fields]
+        whole = json.loads(status.out)
+        assert list(whole) == fields, (list(whole), fields)
+        assert isinstance(whole["calls_total"], int) and whole["calls_total"] > 0
+        text = cli("--server", d.address, "status")
+        assert text.returncode == 0, text.what
+        assert re.search(r"^calls_total +[1-9][0-9]*$", text.out, re.M), text.out
+        assert re.search(rf"^stream {client_id} \(.*\): shuffled ", text.out,
+                         re.M), text.out
+        assert re.search(rf"^  client {client_id} ", text.out, re.M), text.out
         samples = metric_samples(port)
         sent = [v for k, v in samples.items()
                 if k.startswith("shardcast_client_sent_bytes_total{")
