@@ -348,6 +348,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                        engine->Attach(std::move(files)));
       return entry->id;
     };
+    channel.check_access = [engine](const Credentials& who,
+                                    const std::string& dataset) {
+      return engine->CheckAccess(who, dataset);
+    };
     ASSIGN_OR_RETURN(
         d->channel,
         LocalChannel::Start(channel,

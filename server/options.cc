@@ -28,6 +28,11 @@ const std::vector<DaemonOption>& Table() {
       {"root", "roots", "DIR",
        "directory of dataset directories (<DIR>/<HASH>/); repeatable",
        OptionKind::kPaths, &O::roots},
+      {"trust-symlinks", "trust_symlinks", "DIR",
+       "a --root whose symlinks may lead out of it (a root of links into a "
+       "parallel filesystem); under other roots a dataset that resolves "
+       "outside its root is refused; repeatable",
+       OptionKind::kPaths, &O::trust_symlinks},
       {"listen", "listen", "unix:PATH",
        "Unix socket for local clients (mode 0660, with PATH.lock)",
        OptionKind::kUnixSocket, &O::unix_socket},
@@ -423,6 +428,7 @@ int DaemonOptions::LocalQueryThreads() const {
 EngineOptions DaemonOptions::Engine() const {
   EngineOptions e;
   e.roots = roots;
+  e.trusted_roots = trust_symlinks;
   e.limits.max_vectors_per_call = max_vectors_per_call;
   e.limits.max_bytes_per_call = max_bytes_per_call;
   e.reservoir.bytes = reservoir_bytes;
@@ -527,11 +533,18 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
   // Without a root the daemon serves only what local clients attach by
   // path, which needs the Unix socket.
   if (options.roots.empty() &&
-      (options.unix_socket.empty() || (options.disable_local_queries &&
-                                           options.disable_shared_memory))) {
+      (options.unix_socket.empty() ||
+       (options.disable_local_queries && options.disable_shared_memory))) {
     return absl::InvalidArgumentError(
         "no dataset root given (--root DIR): without one, the daemon serves "
         "only datasets local clients name by path, over --listen unix:PATH");
+  }
+  for (const std::string& t : options.trust_symlinks) {
+    if (std::find(options.roots.begin(), options.roots.end(), t) ==
+        options.roots.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--trust-symlinks ", t, " is not one of the --root directories"));
+    }
   }
   if (options.node_rank >= options.node_count) {
     return absl::InvalidArgumentError(

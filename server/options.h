@@ -24,6 +24,9 @@ namespace shardcast {
 struct DaemonOptions {
   /// Directories holding dataset directories (<root>/<HASH>/).
   std::vector<std::string> roots;
+  /// Roots (each one of `roots`) whose symlinks may lead out of them; a
+  /// dataset under any other root that resolves outside it is refused.
+  std::vector<std::string> trust_symlinks;
   /// Unix socket path for local clients ("--listen unix:PATH"); its
   /// directory is created (0750) when missing, the socket gets mode 0660,
   /// and a `<path>.lock` file keeps a second daemon from taking it.

@@ -278,6 +278,16 @@ TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
   o.shuffle_window = 1;
   o.shutdown_grace_seconds = -2;
   EXPECT_FALSE(ValidateDaemonOptions(o).ok());
+  o.shutdown_grace_seconds = 1;
+  o.trust_symlinks = {"/data"};
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  o.trust_symlinks = {"/elsewhere"};
+  absl::Status trust = ValidateDaemonOptions(o);
+  EXPECT_EQ(trust.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(trust.message().find("--trust-symlinks /elsewhere is not one of "
+                                 "the --root directories"),
+            std::string::npos)
+      << trust;
 }
 
 // The cores this process may use, from /proc (independent of sched.h).

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 
@@ -47,6 +48,39 @@ absl::string_view FileKind(mode_t mode) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ResolvedPath(int fd, absl::string_view path) {
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  std::string target(4096, '\0');
+  const ssize_t n = ::readlink(link.c_str(), target.data(), target.size());
+  if (n < 0) {
+    return ErrnoToStatus(errno,
+                         absl::StrCat("where ", path, " leads (", link, ")"));
+  }
+  if (static_cast<size_t>(n) >= target.size() || target[0] != '/') {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot tell where ", path, " leads"));
+  }
+  target.resize(static_cast<size_t>(n));
+  return target;
+}
+
+bool PathIsBeneath(absl::string_view path, absl::string_view root) {
+  while (root.size() > 1 && root.back() == '/') root.remove_suffix(1);
+  if (root == "/") return !path.empty() && path[0] == '/';
+  return path == root ||
+         (path.size() > root.size() && absl::StartsWith(path, root) &&
+          path[root.size()] == '/');
+}
+
+absl::Status CheckBeneath(int fd, absl::string_view path,
+                          absl::string_view root) {
+  ASSIGN_OR_RETURN(const std::string at, ResolvedPath(fd, path));
+  if (PathIsBeneath(at, root)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      path, " leads to ", at, ", outside its dataset root ", root,
+      " (a root whose links may leave it is declared with --trust-symlinks)"));
+}
 
 absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path) {
   // O_NONBLOCK: open() of a FIFO without a writer would wait for one; on a

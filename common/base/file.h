@@ -48,6 +48,19 @@ absl::StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
 /// file read from a dataset or a configuration goes through here.
 absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path);
 
+/// The absolute path the open file `fd` is at now, symlinks resolved
+/// (/proc/self/fd). `path` names it in messages.
+absl::StatusOr<std::string> ResolvedPath(int fd, absl::string_view path);
+
+/// Whether absolute, resolved `path` is `root` or lies beneath it.
+bool PathIsBeneath(absl::string_view path, absl::string_view root);
+
+/// OK when the open file `fd` (opened as `path`) lies beneath `root` (an
+/// absolute, resolved directory); PERMISSION_DENIED naming both and where
+/// it resolved to otherwise: a symlink that leads out of a dataset root.
+absl::Status CheckBeneath(int fd, absl::string_view path,
+                          absl::string_view root);
+
 /// FAILED_PRECONDITION naming what `fd` is unless it is a regular file
 /// (OpenRegularFile's check, for descriptors opened elsewhere).
 absl::Status CheckRegularFile(int fd, absl::string_view path);

@@ -16,7 +16,8 @@ namespace {
 
 class Directory final : public DatasetFiles {
  public:
-  explicit Directory(std::string dir) : dir_(std::move(dir)) {
+  Directory(std::string dir, std::string beneath)
+      : dir_(std::move(dir)), beneath_(std::move(beneath)) {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
     if (char* resolved = ::realpath(dir_.c_str(), nullptr)) {
       dir_name_ = BaseName(resolved);
@@ -33,12 +34,17 @@ class Directory final : public DatasetFiles {
     return ::lstat(Path(name).c_str(), &st) == 0;
   }
   absl::StatusOr<UniqueFd> Open(absl::string_view name) const override {
-    return OpenRegularFile(Path(name));
+    const std::string path = Path(name);
+    ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path));
+    if (!beneath_.empty())
+      RETURN_IF_ERROR(CheckBeneath(fd.get(), path, beneath_));
+    return fd;
   }
 
  private:
   std::string dir_;
   std::string dir_name_;
+  std::string beneath_;  // empty: anywhere
 };
 
 class Handed final : public DatasetFiles {
@@ -87,8 +93,9 @@ absl::StatusOr<std::string> ReadDatasetFile(const DatasetFiles& files,
   return ReadFdToString(fd.get(), files.Path(name), max_bytes);
 }
 
-std::shared_ptr<const DatasetFiles> DirectoryFiles(std::string dir) {
-  return std::make_shared<Directory>(std::move(dir));
+std::shared_ptr<const DatasetFiles> DirectoryFiles(std::string dir,
+                                                   std::string beneath) {
+  return std::make_shared<Directory>(std::move(dir), std::move(beneath));
 }
 
 std::shared_ptr<const DatasetFiles> HandedFiles(

@@ -47,8 +47,12 @@ absl::StatusOr<std::string> ReadDatasetFile(const DatasetFiles& files,
                                             absl::string_view name,
                                             uint64_t max_bytes = 64 << 20);
 
-/// Files opened by path under `dir`.
-std::shared_ptr<const DatasetFiles> DirectoryFiles(std::string dir);
+/// Files opened by path under `dir`. With `beneath` (an absolute, resolved
+/// directory: a catalog root), a file that resolves outside it (a symlink
+/// leading out) is PERMISSION_DENIED naming where it leads, so that whoever
+/// may write under a root cannot make the daemon read other files.
+std::shared_ptr<const DatasetFiles> DirectoryFiles(std::string dir,
+                                                   std::string beneath = "");
 
 /// Files a client opened: name -> descriptor, or name -> the errno its
 /// open failed with (so the daemon's message says why). Names are plain

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -34,8 +35,8 @@ absl::StatusOr<std::string> FilesIdentity(const DatasetReader& reader) {
     if (::fstat(fd, &st) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("stat ", path));
     }
-    absl::StrAppend(&out, "|", st.st_dev, ":", st.st_ino, ":", st.st_size,
-                    ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+    absl::StrAppend(&out, "|", st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
+                    st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
     return absl::OkStatus();
   };
   const DatasetFiles& files = *reader.info().files;
@@ -63,6 +64,22 @@ std::string RandomHex(int bytes) {
     absl::StrAppend(&out, absl::Hex(rng(), absl::kZeroPad16));
   }
   return out.substr(0, static_cast<size_t>(2 * bytes));
+}
+
+// PERMISSION_DENIED when dataset directory `dir` resolves outside
+// `beneath` (a root's resolved path; empty: a trusted root, anywhere will
+// do). Otherwise a null reader: nothing stands in the way of opening it.
+absl::StatusOr<std::unique_ptr<DatasetReader>> CheckBeneathRoot(
+    const std::string& dir, const std::string& beneath) {
+  if (beneath.empty()) return nullptr;
+  char* real = ::realpath(dir.c_str(), nullptr);
+  if (real == nullptr) return ErrnoToStatus(errno, dir);
+  const std::string at = real;
+  std::free(real);
+  if (PathIsBeneath(at, beneath)) return nullptr;
+  return absl::PermissionDeniedError(absl::StrCat(
+      dir, " leads to ", at, ", outside its dataset root ", beneath,
+      " (a root whose links may leave it is declared with --trust-symlinks)"));
 }
 
 }  // namespace
@@ -93,6 +110,16 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
   ::close(probe);
   auto next = std::make_shared<Snapshot>();
   for (const std::string& root : roots_) {
+    // Where the root resolves to: its datasets' files must stay beneath it
+    // unless the root is trusted (empty `beneath`).
+    std::string beneath;
+    if (std::find(trusted_roots_.begin(), trusted_roots_.end(), root) ==
+        trusted_roots_.end()) {
+      if (char* real = ::realpath(root.c_str(), nullptr)) {
+        beneath = real;
+        std::free(real);
+      }
+    }
     DIR* d = ::opendir(root.c_str());
     if (d == nullptr) {
       // A root that cannot be listed now (a parallel filesystem hiccup)
@@ -133,9 +160,14 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
         ++failed;
         continue;  // the first one found keeps the id
       }
-      auto info = ReadDatasetInfo(dir);
-      if (info.ok()) entry->info = *info;
-      auto reader = DatasetReader::Open(dir);
+      std::shared_ptr<const DatasetFiles> files = DirectoryFiles(dir, beneath);
+      absl::StatusOr<std::unique_ptr<DatasetReader>> reader =
+          CheckBeneathRoot(dir, beneath);
+      if (reader.ok()) {
+        auto info = ReadDatasetInfo(files);
+        if (info.ok()) entry->info = *info;
+        reader = DatasetReader::Open(files);
+      }
       if (reader.ok()) {
         // Which files these are: a client attaching the same files by path
         // gets this entry (Attach).
@@ -212,7 +244,8 @@ absl::StatusOr<std::shared_ptr<const CatalogEntry>> Catalog::Attach(
   MutexLock lock(&mu_);
   // Files a root serves too: the catalog's entry (its scans are shared).
   for (const auto& [id, entry] : *snapshot_) {
-    if (entry->status.ok() && entry->info && entry->info->identity == identity) {
+    if (entry->status.ok() && entry->info &&
+        entry->info->identity == identity) {
       return entry;
     }
   }

@@ -44,7 +44,13 @@ std::string PublicDatasetId(absl::string_view id);
 /// earlier stay valid (shared ownership) until their calls finish.
 class Catalog {
  public:
-  explicit Catalog(std::vector<std::string> roots) : roots_(std::move(roots)) {}
+  /// `trusted_roots` (each one of `roots`) may hold symlinks that lead out
+  /// of them (roots of links into a parallel filesystem); under every other
+  /// root, a dataset directory or file that resolves outside the root is
+  /// rejected (PERMISSION_DENIED naming where it leads).
+  explicit Catalog(std::vector<std::string> roots,
+                   std::vector<std::string> trusted_roots = {})
+      : roots_(std::move(roots)), trusted_roots_(std::move(trusted_roots)) {}
 
   /// Scans the roots and replaces the snapshot. Logs each dataset loaded or
   /// rejected. Returns (ok, failed) counts.
@@ -84,6 +90,7 @@ class Catalog {
  private:
   using Snapshot = std::map<std::string, std::shared_ptr<const CatalogEntry>>;
   const std::vector<std::string> roots_;
+  const std::vector<std::string> trusted_roots_;
   mutable Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<Snapshot>();

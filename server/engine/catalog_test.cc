@@ -102,6 +102,55 @@ TEST_F(CatalogTest, BrokenDatasetIsListedWithItsErrorAndNotServed) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CatalogTest, FilesAndDirectoriesLeadingOutOfTheirRootAreRefused) {
+  // A dataset whose shard is a link to a file outside the root (what a user
+  // who may write under a root would do to read another user's file), one
+  // whose directory is a link out of the root, and one whose shard links to
+  // another place under the same root (allowed).
+  const std::string out = JoinPath(dir_, "outside");
+  ASSERT_EQ(::mkdir(out.c_str(), 0755), 0);
+  const std::string shard_out = Write(root_b_, 3);
+  const std::string dir_out = Write(out, 4);
+  const std::string inside = Write(root_a_, 5);
+  const std::string linked = Write(root_a_, 6);
+  const std::string shard =
+      JoinPath(JoinPath(root_a_, shard_out), "acts000000.bin");
+  ASSERT_EQ(std::rename(JoinPath(root_b_, shard_out).c_str(),
+                        JoinPath(root_a_, shard_out).c_str()),
+            0);
+  const std::string secret = JoinPath(root_b_, "secret.bin");
+  ASSERT_EQ(std::rename(shard.c_str(), secret.c_str()), 0);
+  ASSERT_EQ(::symlink(secret.c_str(), shard.c_str()), 0);
+  ASSERT_EQ(::symlink(JoinPath(out, dir_out).c_str(),
+                      JoinPath(root_a_, dir_out).c_str()),
+            0);
+  const std::string kept = JoinPath(root_a_, "kept.bin");
+  const std::string linked_shard =
+      JoinPath(JoinPath(root_a_, linked), "acts000000.bin");
+  ASSERT_EQ(std::rename(linked_shard.c_str(), kept.c_str()), 0);
+  ASSERT_EQ(::symlink("../kept.bin", linked_shard.c_str()), 0);
+
+  Catalog catalog({root_a_});
+  EXPECT_EQ(catalog.Rescan(), (std::pair<int64_t, int64_t>{2, 2}));
+  EXPECT_TRUE(catalog.Resolve(inside).ok());
+  EXPECT_TRUE(catalog.Resolve(linked).ok());
+  for (const auto& [id, leads_to] :
+       {std::pair{shard_out, secret},
+        std::pair{dir_out, JoinPath(out, dir_out)}}) {
+    const absl::Status st = catalog.Resolve(id).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("leads to " + leads_to),
+              absl::string_view::npos)
+        << st;
+    EXPECT_NE(st.message().find("outside its dataset root"),
+              absl::string_view::npos)
+        << st;
+  }
+  // A root declared to trust its links serves all four.
+  Catalog trusting({root_a_}, {root_a_});
+  EXPECT_EQ(trusting.Rescan(), (std::pair<int64_t, int64_t>{4, 0}));
+}
+
 TEST_F(CatalogTest, DirectoriesWithoutProtocolFilesAndDotDirsAreIgnored) {
   Write(root_a_, 2);
   ASSERT_EQ(::mkdir(JoinPath(root_a_, "lost+found").c_str(), 0755), 0);
@@ -181,7 +230,8 @@ std::shared_ptr<const DatasetFiles> Hand(const std::string& dir,
   return HandedFiles(shown, BaseName(dir), std::move(files));
 }
 
-TEST_F(CatalogTest, AttachedFilesAreOneDatasetWhateverTheirPathAndACopyIsAnother) {
+TEST_F(CatalogTest,
+       AttachedFilesAreOneDatasetWhateverTheirPathAndACopyIsAnother) {
   const std::string id = Write(root_a_, 3);
   const std::string dir = JoinPath(root_a_, id);
   Catalog catalog({root_b_});  // the root does not serve it

@@ -42,7 +42,8 @@ class SealedSource final : public BatchSource {
 
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
-      catalog_(std::make_unique<Catalog>(options_.roots)),
+      catalog_(
+          std::make_unique<Catalog>(options_.roots, options_.trusted_roots)),
       queries_(catalog_.get(), options_.limits, options_.query_direct),
       tokens_(options_.token_key.empty() ? TokenSealer::RandomKey()
                                          : options_.token_key) {}
@@ -203,6 +204,28 @@ absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
   r->Park(static_cast<int64_t>(slots));  // its pages go back to the kernel
   return std::unique_ptr<MemoryLease>(
       new MemoryLease(r, static_cast<int64_t>(slots), bytes));
+}
+
+absl::Status Engine::CheckAccess(const Credentials& who,
+                                 absl::string_view dataset) const {
+  if (who.uid == 0 || (!dataset.empty() && dataset[0] == kAttachedPrefix)) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
+      catalog_->Resolve(dataset);
+  if (!reader.ok()) return absl::OkStatus();  // the call's own error
+  return access_.Check(who, **reader);
+}
+
+std::optional<absl::Status> Engine::KnownAccess(
+    const Credentials& who, absl::string_view dataset) const {
+  if (who.uid == 0 || (!dataset.empty() && dataset[0] == kAttachedPrefix)) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
+      catalog_->Resolve(dataset);
+  if (!reader.ok()) return absl::OkStatus();
+  return access_.Known(who, **reader);
 }
 
 EngineFigures Engine::Figures() const {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/mutex.h"
 #include "common/format/stats.h"
+#include "server/engine/access.h"
 #include "server/engine/batch_source.h"
 #include "server/engine/catalog.h"
 #include "server/engine/dataset_cache.h"
@@ -34,6 +36,8 @@ namespace shardcast {
 struct EngineOptions {
   /// Directories holding dataset directories (<root>/<HASH>/).
   std::vector<std::string> roots;
+  /// Roots whose symlinks may lead out of them (Catalog).
+  std::vector<std::string> trusted_roots;
   QueryLimits limits;
   /// Queries read vectors that are not in the page cache with O_DIRECT
   /// where the dataset allows it (ColdReads); false: all through the cache.
@@ -117,6 +121,20 @@ class Engine {
   }
   const QueryEngine& queries() const { return queries_; }
 
+  /// Whether local client `who` may read `dataset` (an id or prefix, as a
+  /// call names it): always for an attached dataset (its id is the
+  /// capability the attaching client got by opening the files itself), and
+  /// for a catalog dataset when `who` could open its files
+  /// (AccessChecker). PERMISSION_DENIED naming the file otherwise. A name
+  /// that resolves to no served dataset is OK here: the call then fails
+  /// with its own NOT_FOUND or FAILED_PRECONDITION.
+  absl::Status CheckAccess(const Credentials& who,
+                           absl::string_view dataset) const;
+  /// The same from kept verdicts only; nullopt when it would have to check
+  /// (for callers on threads that must not block).
+  std::optional<absl::Status> KnownAccess(const Credentials& who,
+                                          absl::string_view dataset) const;
+
   /// Opens a stream: resolves the dataset (NOT_FOUND, INVALID_ARGUMENT for a
   /// short or ambiguous prefix, FAILED_PRECONDITION for a rejected dataset),
   /// checks the batch against `max_batch_bytes` and the spec and resume
@@ -159,6 +177,7 @@ class Engine {
   const QueryEngine queries_;
   std::unique_ptr<ScanRegistry> scans_;
   const TokenSealer tokens_;
+  mutable AccessChecker access_;
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};

@@ -13,16 +13,10 @@
 #include <vector>
 
 #include "server/engine/engine_status.h"
+#include "server/transport/local_peer.h"
 #include "server/transport/metrics.h"
 
 namespace shardcast {
-
-/// Who is at the other end of a local connection (SO_PEERCRED).
-struct LocalPeer {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
 
 /// The Unix socket's figures (grpc/local_acceptor.h).
 struct LocalAcceptorFigures {

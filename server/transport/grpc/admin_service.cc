@@ -66,6 +66,12 @@ grpc::ServerUnaryReactor* AdminService::DescribeDataset(
     v1::DatasetInfo* response) {
   auto entry = context_.engine->catalog().Find(request->dataset());
   if (!entry.ok()) return Done(ctx, entry.status());
+  // Its metadata is the dataset's too: a local caller sees it only when its
+  // user could open the files (the check runs here, on gRPC's thread, at
+  // most once per user and dataset in a while: AccessChecker).
+  absl::Status allowed =
+      CheckCaller(context_, CallerOf(context_, ctx->peer()), (*entry)->id);
+  if (!allowed.ok()) return Done(ctx, allowed);
   FillDatasetInfo(**entry, response);
   return Done(ctx, absl::OkStatus());
 }

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "server/engine/engine.h"
@@ -36,6 +38,36 @@ struct TransportContext {
   /// so that one status reads the engine once.
   std::function<std::vector<Figure>(const EngineFigures* engine)> figures;
 };
+
+/// Who made a call, for the engine's access rule (Engine::CheckAccess):
+/// the local client's credentials for a call on the Unix socket (a
+/// connection the acceptor no longer knows is nobody's: uid and gid -1);
+/// nullopt for a remote call (TCP: who may connect is TLS's to decide).
+inline std::optional<Credentials> CallerOf(const TransportContext& context,
+                                           const std::string& grpc_peer) {
+  if (context.local == nullptr || grpc_peer.rfind("fd:", 0) != 0) {
+    return std::nullopt;
+  }
+  std::optional<LocalPeer> peer = context.local->PeerOf(grpc_peer);
+  return peer ? peer->credentials() : LocalPeer().credentials();
+}
+
+/// Whether `caller` may read `dataset`: always for a remote call.
+inline absl::Status CheckCaller(const TransportContext& context,
+                                const std::optional<Credentials>& caller,
+                                absl::string_view dataset) {
+  if (!caller) return absl::OkStatus();
+  return context.engine->CheckAccess(*caller, dataset);
+}
+
+/// The same from kept verdicts only (for gRPC's own threads, which must not
+/// block): nullopt when the check has to be made on a worker.
+inline std::optional<absl::Status> KnownCaller(
+    const TransportContext& context, const std::optional<Credentials>& caller,
+    absl::string_view dataset) {
+  if (!caller) return absl::OkStatus();
+  return context.engine->KnownAccess(*caller, dataset);
+}
 
 }  // namespace shardcast
 

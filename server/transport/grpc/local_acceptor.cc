@@ -182,11 +182,7 @@ void LocalAcceptor::Loop() {
 
 void LocalAcceptor::Admit(int fd) {
   Connection c;
-  struct ucred cred = {};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-    c.peer = {cred.pid, cred.uid, cred.gid};
-  }
+  if (std::optional<LocalPeer> peer = PeerOfSocket(fd)) c.peer = *peer;
   struct stat st;
   if (::fstat(fd, &st) == 0) c.inode = st.st_ino;
   grpc::Server* to = server_;

@@ -42,7 +42,8 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
         // The router sends only kQueryMethodPrefix methods here.
         name_(method_.substr(sizeof(kQueryMethodPrefix) - 1)),
         peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
-                                       : ctx->peer()) {
+                                       : ctx->peer()),
+        caller_(CallerOf(context, ctx->peer())) {
     context_.metrics->calls_total++;
     context_.metrics->calls_in_flight++;
     if (LogEnabled(LogLevel::kDebug)) {
@@ -127,6 +128,15 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
       FinishWith(parsed);
       return true;
     }
+    // The caller's right to the dataset, when known without a check that
+    // may block; else the call goes to a worker, which checks.
+    std::optional<absl::Status> allowed =
+        KnownCaller(context_, caller_, dataset_);
+    if (!allowed.has_value()) return false;
+    if (!allowed->ok()) {
+      FinishWith(*allowed);
+      return true;
+    }
     std::optional<absl::StatusOr<VectorsResult>> r =
         context_.engine->queries().GetVectorsIfCached(dataset_, coords_,
                                                       kInlineMaxVectors);
@@ -161,30 +171,32 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     grpc::Slice buffer;  // owns result.data from the first part on
     size_t vector_bytes = 0;
     std::optional<Part> last;
-    absl::Status status = context_.engine->queries().StreamVectors(
-        dataset_, coords_, PartVectors(coords_.size()), &result,
-        [&](absl::Span<const int64_t> rows, bool is_last) {
-          if (vector_bytes == 0 && !coords_.empty()) {
-            const size_t size = result.data.size();
-            vector_bytes = size / coords_.size();
-            // The reads go on writing into the bytes; the slice frees them
-            // once gRPC has sent every part that refers to them.
-            if (size > 0) {
-              buffer = grpc::Slice(result.data.Release(), size, std::free);
+    absl::Status status = CheckCaller(context_, caller_, dataset_);
+    if (status.ok())
+      status = context_.engine->queries().StreamVectors(
+          dataset_, coords_, PartVectors(coords_.size()), &result,
+          [&](absl::Span<const int64_t> rows, bool is_last) {
+            if (vector_bytes == 0 && !coords_.empty()) {
+              const size_t size = result.data.size();
+              vector_bytes = size / coords_.size();
+              // The reads go on writing into the bytes; the slice frees them
+              // once gRPC has sent every part that refers to them.
+              if (size > 0) {
+                buffer = grpc::Slice(result.data.Release(), size, std::free);
+              }
             }
-          }
-          Part part{
-              VectorRowsReply(result.shape,
-                              std::vector<int64_t>(rows.begin(), rows.end()),
-                              buffer, vector_bytes),
-              is_last};
-          if (is_last) {
-            last = std::move(part);
-          } else {
-            QueuePart(std::move(part));
-          }
-        },
-        ColdReads::kDirect);
+            Part part{
+                VectorRowsReply(result.shape,
+                                std::vector<int64_t>(rows.begin(), rows.end()),
+                                buffer, vector_bytes),
+                is_last};
+            if (is_last) {
+              last = std::move(part);
+            } else {
+              QueuePart(std::move(part));
+            }
+          },
+          ColdReads::kDirect);
     absl::Status end;
     {
       MutexLock lock(&mu_);
@@ -270,6 +282,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   absl::StatusOr<grpc::ByteBuffer> Dispatch() {
     const QueryEngine& queries = context_.engine->queries();
     if (name_ == "GetVectors") {  // parsed by ServedInline
+      RETURN_IF_ERROR(CheckCaller(context_, caller_, dataset_));
       ASSIGN_OR_RETURN(
           VectorsResult r,
           queries.GetVectors(dataset_, coords_, ColdReadsFor(coords_.size())));
@@ -278,6 +291,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     if (name_ == "GetExample") {
       v1::GetExampleRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      RETURN_IF_ERROR(CheckCaller(context_, caller_, req.dataset()));
       std::optional<int64_t> layer;
       if (req.has_layer()) layer = req.layer();
       ASSIGN_OR_RETURN(VectorsResult r,
@@ -287,6 +301,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     if (name_ == "GetLabels") {
       v1::GetLabelsRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      RETURN_IF_ERROR(CheckCaller(context_, caller_, req.dataset()));
       ASSIGN_OR_RETURN(std::string labels,
                        queries.GetLabels(req.dataset(), req.example()));
       v1::Labels reply;
@@ -297,6 +312,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
     if (name_ == "GetExampleInfo") {
       v1::GetExampleInfoRequest req;
       RETURN_IF_ERROR(ParseRequest(&request_, &req));
+      RETURN_IF_ERROR(CheckCaller(context_, caller_, req.dataset()));
       ASSIGN_OR_RETURN(std::string json,
                        queries.GetExampleInfo(req.dataset(), req.example()));
       v1::ExampleInfo reply;
@@ -319,6 +335,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   const std::string method_;
   const std::string name_;  // method_ without kQueryMethodPrefix
   const std::string peer_;
+  const std::optional<Credentials> caller_;  // nullopt: a remote call
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
   // GetVectors' and StreamVectors' request, parsed.

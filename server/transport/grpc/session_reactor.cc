@@ -34,7 +34,8 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
                  grpc::GenericCallbackServerContext* ctx)
       : context_(context),
         peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
-                                       : ctx->peer()) {
+                                       : ctx->peer()),
+        caller_(CallerOf(context, ctx->peer())) {
     context_.metrics->query_sessions++;
     if (LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("call ", kVectorsSessionMethod),
@@ -142,9 +143,19 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
     for (const v1::Coordinate& c : req.coordinates()) {
       coords.push_back({c.example(), c.layer(), c.token()});
     }
-    std::optional<absl::StatusOr<VectorsResult>> cached =
-        context_.engine->queries().GetVectorsIfCached(dataset, coords,
-                                                      kInlineMaxVectors);
+    // Inline only when the caller's right to the dataset is known without
+    // a check that may block.
+    const std::optional<absl::Status> allowed =
+        KnownCaller(context_, caller_, dataset);
+    if (allowed.has_value() && !allowed->ok()) {
+      Answer(id, *allowed);
+      return;
+    }
+    std::optional<absl::StatusOr<VectorsResult>> cached;
+    if (allowed.has_value()) {
+      cached = context_.engine->queries().GetVectorsIfCached(dataset, coords,
+                                                             kInlineMaxVectors);
+    }
     if (cached.has_value()) {
       context_.metrics->queries_inline++;
       Answer(id, std::move(*cached));
@@ -153,6 +164,11 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
     context_.pool->Submit(
         [this, id, dataset = std::move(dataset), coords = std::move(coords)] {
           TsanAcquire(this);
+          absl::Status allowed = CheckCaller(context_, caller_, dataset);
+          if (!allowed.ok()) {
+            Answer(id, allowed);
+            return;
+          }
           Answer(id, context_.engine->queries().GetVectors(
                          dataset, coords, ColdReadsFor(coords.size())));
         });
@@ -243,8 +259,9 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
-  grpc::ByteBuffer request_;  // the read in flight fills it
-  grpc::ByteBuffer reply_;    // the write in flight sends it
+  const std::optional<Credentials> caller_;  // nullopt: a remote call
+  grpc::ByteBuffer request_;                 // the read in flight fills it
+  grpc::ByteBuffer reply_;                   // the write in flight sends it
 
   Mutex mu_;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;      // a read is in flight

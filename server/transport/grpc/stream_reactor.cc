@@ -116,6 +116,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
                                        : ctx->peer()),
         local_(context.local != nullptr &&
                context.local->PeerOf(ctx->peer()).has_value()),
+        caller_(CallerOf(context, ctx->peer())),
         client_(context.metrics->streams.NextClientId()),
         shared_(shared) {
     Metrics* m = context_.metrics;
@@ -253,6 +254,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     } else {
       st = ParseRequest(&request_, &req);
     }
+    if (st.ok()) st = CheckCaller(context_, caller_, req.dataset());
     absl::StatusOr<StreamOptions> options =
         st.ok() ? ToStreamOptions(req, peer_) : st;
     if (options.ok() && shared_) {
@@ -464,7 +466,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
-  const bool local_;          // on the Unix socket
+  const bool local_;                         // on the Unix socket
+  const std::optional<Credentials> caller_;  // nullopt: a remote call
   const std::string client_;  // this stream's id in logs, status, metrics
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;  // the batch being written

@@ -23,6 +23,7 @@
 #include "common/local/memfd.h"
 #include "server/io/ring_loop.h"
 #include "server/transport/address.h"
+#include "server/transport/local_peer.h"
 
 namespace shardcast {
 namespace {
@@ -40,8 +41,7 @@ struct Conn {
   UniqueFd fd;
   std::atomic<int>* open = nullptr;  // the service's count, once counted
   BatchRegions* regions = nullptr;
-  pid_t pid = 0;
-  uid_t uid = 0;
+  LocalPeer peer;           // who it is (SO_PEERCRED, SO_PEERGROUPS)
   absl::Status refusal;     // not OK: the answer to its first request
   SharedMapping query;      // its query region, once asked for
   std::string batch_token;  // its batch region's, once asked for
@@ -147,6 +147,12 @@ class LocalChannel::Loop {
   absl::Status WriteLayout(Conn& c, const LocalRequest::Layout& request,
                            LocalReply* reply);
   absl::Status Plan(Conn& c, const LocalRequest::Vectors& request);
+  // Whether the client's user may read `dataset` (LocalChannelOptions::
+  // check_access); OK when no check is configured.
+  absl::Status Allowed(const Conn& c, const std::string& dataset) const {
+    if (!options_.check_access) return absl::OkStatus();
+    return options_.check_access(c.peer.credentials(), dataset);
+  }
   void SubmitRead(Conn& c, size_t i);
   void OnRead(Conn& c, size_t i, int res);
   // Sends the reply of c's query and waits for its next request.
@@ -232,19 +238,17 @@ void LocalChannel::Loop::Accept() {
     auto c = std::make_unique<Conn>();
     c->fd.Reset(fd);
     c->regions = regions_;
-    struct ucred cred = {};
-    socklen_t len = sizeof(cred);
-    const bool known =
-        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
-    c->pid = cred.pid;
-    c->uid = cred.uid;
+    const std::optional<LocalPeer> peer = PeerOfSocket(fd);
+    const bool known = peer.has_value();
+    if (known) c->peer = *peer;
     // A refused connection is answered when its first request comes:
     // closed now, with its request unread, the client would get ECONNRESET
     // instead of the reason. Far past the limit (clients that never ask),
     // closed.
     const int open = open_->load(std::memory_order_relaxed);
     if (open >= options_.max_connections + kRefusedSlack) continue;
-    if (options_.admits && !(known && options_.admits(cred.uid, cred.gid))) {
+    if (options_.admits &&
+        !(known && options_.admits(c->peer.uid, c->peer.gid))) {
       c->refusal = absl::PermissionDeniedError(
           "this user may not use shardcastd: not in --allow-user / "
           "--allow-group");
@@ -309,7 +313,8 @@ void LocalChannel::Loop::OnPoll(Conn& c) {
   reply.set_id(request.id());
   if (!c.refusal.ok()) {
     SetError(&reply, c.refusal);
-    LogInfo("local channel: refused pid ", c.pid, ": ", c.refusal.ToString());
+    LogInfo("local channel: refused pid ", c.peer.pid, ": ",
+            c.refusal.ToString());
     local::SendMessage(c.fd.get(), reply, {}, MSG_DONTWAIT).IgnoreError();
     Close(c);
     return;
@@ -372,10 +377,11 @@ void LocalChannel::Loop::OnBatchRegion(Conn& c, const LocalRequest& request) {
         "this connection has a batch region already; open another "
         "connection for another stream");
   } else {
-    made = regions_->Make(asked.slots(), asked.slot_bytes(), c.pid, c.uid);
+    made = regions_->Make(asked.slots(), asked.slot_bytes(), c.peer.pid,
+                          c.peer.uid);
   }
   if (!made.ok()) {
-    LogInfo("local channel: refused a batch region to pid ", c.pid, ": ",
+    LogInfo("local channel: refused a batch region to pid ", c.peer.pid, ": ",
             made.status().ToString());
     SetError(&reply, made.status());
     Answer(c, reply);
@@ -391,8 +397,8 @@ void LocalChannel::Loop::OnBatchRegion(Conn& c, const LocalRequest& request) {
   const int memfd = made->memfd.get();
   Answer(c, reply, {&memfd, 1});
   LogDebug("local channel: batch region of ", region.slots(), " x ",
-           HumanSize(region.slot_bytes()), " for pid ", c.pid, " (uid ", c.uid,
-           ")");
+           HumanSize(region.slot_bytes()), " for pid ", c.peer.pid, " (uid ",
+           c.peer.uid, ")");
   // The first touch of fresh memory is slow (docs/benchmarks.md), and
   // batches should not pay it.
   regions_->Populate(std::move(made->region));
@@ -433,7 +439,7 @@ void LocalChannel::Loop::OnQueryRegion(Conn& c, const LocalRequest& request) {
   const int fd = memfd->get();
   Answer(c, reply, {&fd, 1});
   LogDebug("local channel: query region of ", HumanSize(bytes), " for pid ",
-           c.pid, " (uid ", c.uid, ")");
+           c.peer.pid, " (uid ", c.peer.uid, ")");
 }
 
 void LocalChannel::Loop::OnVectors(Conn& c, const LocalRequest& request) {
@@ -502,8 +508,8 @@ void LocalChannel::Loop::OnAttach(Conn& c, const LocalRequest& request,
       if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
           name.find('/') != std::string::npos ||
           name.find('\0') != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "attach: \"", Quoted(name), "\" is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("attach: \"", Quoted(name), "\" is not a file name"));
       }
       HandedFile f;
       if (part.errors(i) == 0) {
@@ -512,8 +518,8 @@ void LocalChannel::Loop::OnAttach(Conn& c, const LocalRequest& request,
         f.error = part.errors(i) > 0 ? part.errors(i) : EIO;
       }
       if (!files.emplace(name, std::move(f)).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "attach: \"", Quoted(name), "\" is given twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("attach: \"", Quoted(name), "\" is given twice"));
       }
     }
     if (part.more()) {
@@ -522,11 +528,10 @@ void LocalChannel::Loop::OnAttach(Conn& c, const LocalRequest& request,
     }
     Conn::PendingAttach done = std::move(*c.attaching);
     c.attaching.reset();
-    ASSIGN_OR_RETURN(
-        std::string id,
-        options_.attach(HandedFiles(std::move(done.path),
-                                    std::move(done.dir_name),
-                                    std::move(done.files))));
+    ASSIGN_OR_RETURN(std::string id,
+                     options_.attach(HandedFiles(std::move(done.path),
+                                                 std::move(done.dir_name),
+                                                 std::move(done.files))));
     reply.mutable_attach()->set_dataset(id);
     return absl::OkStatus();
   }();
@@ -550,11 +555,16 @@ void LocalChannel::Loop::OnDirect(Conn& c, const LocalRequest& request) {
         "this daemon hands out no files (--disable-direct-reads): ask it "
         "for the vectors");
   } else if (request.has_layout()) {
-    status = WriteLayout(c, request.layout(), &reply);
+    status = Allowed(c, request.layout().dataset());
+    if (status.ok()) status = WriteLayout(c, request.layout(), &reply);
   } else {
     const LocalRequest::OpenFiles& asked = request.open_files();
-    if (asked.files_size() == 0 ||
-        static_cast<size_t>(asked.files_size()) > local::kMaxFilesPerOpen) {
+    status = Allowed(c, asked.dataset());
+    if (!status.ok()) {
+      // refused: the client's user could not open the files itself
+    } else if (asked.files_size() == 0 ||
+               static_cast<size_t>(asked.files_size()) >
+                   local::kMaxFilesPerOpen) {
       status = absl::InvalidArgumentError(
           absl::StrCat("ask for 1 to ", local::kMaxFilesPerOpen,
                        " files at once, not ", asked.files_size()));
@@ -599,7 +609,7 @@ absl::Status LocalChannel::Loop::WriteLayout(
               bytes.size());
   reply->mutable_layout()->set_bytes(bytes.size());
   reply->mutable_layout()->set_serial(layout.first);
-  LogDebug("local channel: pid ", c.pid, " reads ", request.dataset(),
+  LogDebug("local channel: pid ", c.peer.pid, " reads ", request.dataset(),
            " directly");
   return absl::OkStatus();
 }
@@ -640,6 +650,7 @@ absl::Status LocalChannel::Loop::Plan(Conn& c,
         "the vectors' offset ", out_offset,
         " in the query region is not a multiple of ", local::kOutAlign));
   }
+  RETURN_IF_ERROR(Allowed(c, request.dataset()));
   absl::StatusOr<QueryEngine::VectorReads> plan = queries_->PlanVectorReads(
       request.dataset(), coords, ColdReads::kDirect,
       [&](uint64_t bytes) -> absl::StatusOr<char*> {

@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/file.h"
 #include "common/format/dataset_files.h"
+#include "server/engine/access.h"
 #include "server/engine/query.h"
 #include "server/transport/local/batch_regions.h"
 #include "server/transport/metrics.h"
@@ -92,6 +93,11 @@ struct LocalChannelOptions {
   std::function<absl::StatusOr<std::string>(
       std::shared_ptr<const DatasetFiles>)>
       attach;
+  /// Whether a client may read a dataset it names (vectors, layout, files
+  /// for direct reads): OK, or the refusal it gets. The daemon passes the
+  /// engine's access rule (Engine::CheckAccess). Empty: no check.
+  std::function<absl::Status(const Credentials&, const std::string& dataset)>
+      check_access;
 };
 
 /// Serves the local channel on its own threads until destroyed.

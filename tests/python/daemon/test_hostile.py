@@ -504,12 +504,14 @@ def as_nobody():
 def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
     """Beyond the socket's mode: --allow-user/--allow-group admit only the
     listed users (here not 'nobody', who may open the socket by its group)."""
-    root = tmp_path / "root"
-    root.mkdir()
-    info = synth(root)
     import tempfile
     run = Path(tempfile.mkdtemp(prefix="shardcast-allow-", dir="/tmp"))
     os.chmod(run, 0o755)  # nobody may reach the socket; its group decides
+    # and may read the dataset (the daemon serves a user only what it could
+    # open: tests/python/package/test_package_access.py).
+    root = run / "root"
+    root.mkdir()
+    info = synth(root)
     # The main socket and the local channel both ask.
     probe = ("import sys, shardcast\n"
              "from shardcast import _local\n"
