@@ -348,9 +348,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                        engine->Attach(std::move(files)));
       return entry->id;
     };
-    channel.check_access = [engine](const Credentials& who,
+    channel.check_access = [engine](const Caller& caller,
                                     const std::string& dataset) {
-      return engine->CheckAccess(who, dataset);
+      return engine->CheckAccess(caller, dataset);
     };
     ASSIGN_OR_RETURN(
         d->channel,

@@ -33,6 +33,12 @@ const std::vector<DaemonOption>& Table() {
        "parallel filesystem); under other roots a dataset that resolves "
        "outside its root is refused; repeatable",
        OptionKind::kPaths, &O::trust_symlinks},
+      {"remote-root", "remote_roots", "DIR[=NAME,...]",
+       "a --root TCP clients may read; with NAMEs, only clients whose "
+       "certificate (mutual TLS) has one of them as its common name or "
+       "subject; repeatable. None given: every root, to every client that "
+       "may connect",
+       OptionKind::kPaths, &O::remote_roots},
       {"listen", "listen", "unix:PATH",
        "Unix socket for local clients (mode 0660, with PATH.lock)",
        OptionKind::kUnixSocket, &O::unix_socket},
@@ -429,6 +435,9 @@ EngineOptions DaemonOptions::Engine() const {
   EngineOptions e;
   e.roots = roots;
   e.trusted_roots = trust_symlinks;
+  for (const std::string& r : remote_roots) {
+    e.remote_roots.push_back(*ParseRemoteRoot(r));  // checked by Validate
+  }
   e.limits.max_vectors_per_call = max_vectors_per_call;
   e.limits.max_bytes_per_call = max_bytes_per_call;
   e.reservoir.bytes = reservoir_bytes;
@@ -544,6 +553,20 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
         options.roots.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--trust-symlinks ", t, " is not one of the --root directories"));
+    }
+  }
+  for (const std::string& text : options.remote_roots) {
+    ASSIGN_OR_RETURN(const RemoteRoot r, ParseRemoteRoot(text));
+    if (std::find(options.roots.begin(), options.roots.end(), r.root) ==
+        options.roots.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--remote-root ", r.root, " is not one of the --root directories"));
+    }
+    if (!r.names.empty() && options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--remote-root ", text,
+                       " names certificates: clients present them only with "
+                       "--tls-client-ca (mutual TLS)"));
     }
   }
   if (options.node_rank >= options.node_count) {

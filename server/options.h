@@ -27,6 +27,9 @@ struct DaemonOptions {
   /// Roots (each one of `roots`) whose symlinks may lead out of them; a
   /// dataset under any other root that resolves outside it is refused.
   std::vector<std::string> trust_symlinks;
+  /// "DIR" or "DIR=NAME,NAME": the roots TCP clients may read, and which
+  /// certificate names (ParseRemoteRoot); empty: every root, to everyone.
+  std::vector<std::string> remote_roots;
   /// Unix socket path for local clients ("--listen unix:PATH"); its
   /// directory is created (0750) when missing, the socket gets mode 0660,
   /// and a `<path>.lock` file keeps a second daemon from taking it.

@@ -288,6 +288,32 @@ TEST_F(OptionsTest, ValidationChecksRangesOfOptionsSetInCodeAndTheListeners) {
                                  "the --root directories"),
             std::string::npos)
       << trust;
+  o.trust_symlinks.clear();
+  o.remote_roots = {"/data"};
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  EXPECT_EQ(o.Engine().remote_roots.size(), 1u);
+  for (const auto& [bad, says] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"/elsewhere", "is not one of the --root directories"},
+           {"=a", "expected DIR or DIR=NAME,NAME"},
+           {"/data=a,", "expected DIR or DIR=NAME,NAME"},
+           {"/data=trainer", "present them only with --tls-client-ca"}}) {
+    o.remote_roots = {bad};
+    absl::Status st = ValidateDaemonOptions(o);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find(says), std::string::npos) << st;
+  }
+  o.tcp_address = "127.0.0.1:0";
+  o.tls_client_ca_file = "/ca.pem";
+  o.tls_cert_file = "/c.pem";
+  o.tls_key_file = "/c.key";
+  o.remote_roots = {"/data=trainer-a,trainer-b"};
+  ASSERT_TRUE(ValidateDaemonOptions(o).ok()) << ValidateDaemonOptions(o);
+  const std::vector<RemoteRoot> remote = o.Engine().remote_roots;
+  ASSERT_EQ(remote.size(), 1u);
+  EXPECT_EQ(remote[0].root, "/data");
+  EXPECT_EQ(remote[0].names,
+            (std::vector<std::string>{"trainer-a", "trainer-b"}));
 }
 
 // The cores this process may use, from /proc (independent of sched.h).

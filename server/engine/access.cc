@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/file.h"
 #include "common/base/status.h"
 
@@ -107,6 +108,22 @@ bool BecomeOnThisThread(const Credentials& who) {
 }
 
 }  // namespace
+
+absl::StatusOr<RemoteRoot> ParseRemoteRoot(const std::string& text) {
+  RemoteRoot r;
+  const size_t eq = text.find('=');
+  r.root = text.substr(0, eq);
+  if (eq != std::string::npos) {
+    r.names = absl::StrSplit(text.substr(eq + 1), ',');
+  }
+  if (r.root.empty() ||
+      std::find(r.names.begin(), r.names.end(), "") != r.names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--remote-root ", text,
+                     ": expected DIR or DIR=NAME,NAME (certificate names)"));
+  }
+  return r;
+}
 
 bool AccessChecker::Exact() {
   // A thread that tries, and goes away with whatever it became.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/base/mutex.h"
 #include "common/format/reader.h"
 
@@ -40,6 +41,26 @@ struct Credentials {
   gid_t gid = 0;
   std::vector<gid_t> groups;
 };
+
+/// Who makes a call: a local client (its credentials), or a remote one and
+/// the names its TLS certificate carries (common name and subject; none
+/// without mutual TLS).
+struct Caller {
+  std::optional<Credentials> local;
+  std::vector<std::string> certificate_names;
+};
+
+/// A root remote clients may read (--remote-root DIR[=NAME,...]): every
+/// client that may connect, or only those whose certificate carries one of
+/// `names` (its common name or its whole subject).
+struct RemoteRoot {
+  std::string root;
+  std::vector<std::string> names;
+};
+
+/// "DIR" or "DIR=NAME,NAME": INVALID_ARGUMENT naming the flag for an empty
+/// directory or name.
+absl::StatusOr<RemoteRoot> ParseRemoteRoot(const std::string& text);
 
 /// Thread-safe.
 class AccessChecker {

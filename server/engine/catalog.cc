@@ -152,6 +152,7 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
       auto entry = std::make_shared<CatalogEntry>();
       entry->id = name;
       entry->dir = dir;
+      entry->root = root;
       if (next->count(name) > 0) {
         entry->status = absl::AlreadyExistsError(absl::StrCat(
             "dataset id ", name, " exists under two roots; serving ",

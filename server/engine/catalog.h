@@ -26,6 +26,7 @@ namespace shardcast {
 struct CatalogEntry {
   std::string id;                   // directory name; kAttachedPrefix + ...
   std::string dir;                  // full path (never sent to clients)
+  std::string root;                 // the --root it is under; "": attached
   absl::Status status;              // OK: being served
   std::optional<DatasetInfo> info;  // when the JSON parsed
   std::shared_ptr<const DatasetReader> reader;  // when status is OK

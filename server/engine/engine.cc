@@ -1,8 +1,10 @@
 #include "server/engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "server/engine/ordered_stream.h"
@@ -206,26 +208,65 @@ absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
       new MemoryLease(r, static_cast<int64_t>(slots), bytes));
 }
 
-absl::Status Engine::CheckAccess(const Credentials& who,
+namespace {
+
+// The remote side of the rule: which roots TCP clients may read, and who.
+absl::Status CheckRemote(const std::vector<RemoteRoot>& roots,
+                         const Caller& caller, const CatalogEntry& entry) {
+  if (entry.root.empty()) {
+    return absl::PermissionDeniedError(
+        "a dataset attached by path is served on the daemon's node only");
+  }
+  if (roots.empty()) return absl::OkStatus();
+  for (const RemoteRoot& r : roots) {
+    if (r.root != entry.root) continue;
+    if (r.names.empty()) return absl::OkStatus();
+    for (const std::string& name : caller.certificate_names) {
+      if (std::find(r.names.begin(), r.names.end(), name) != r.names.end()) {
+        return absl::OkStatus();
+      }
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset ", entry.id,
+        " is open to remote clients whose certificate "
+        "names one of: ",
+        absl::StrJoin(r.names, ", "),
+        caller.certificate_names.empty()
+            ? "; this client presented none"
+            : absl::StrCat("; this one names ",
+                           absl::StrJoin(caller.certificate_names, ", "))));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "dataset ", entry.id,
+      " is not open to remote clients (its root is not a --remote-root)"));
+}
+
+}  // namespace
+
+absl::Status Engine::CheckAccess(const Caller& caller,
                                  absl::string_view dataset) const {
-  if (who.uid == 0 || (!dataset.empty() && dataset[0] == kAttachedPrefix)) {
+  absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry =
+      catalog_->Find(dataset);
+  if (!entry.ok() || (*entry)->reader == nullptr) {
+    return absl::OkStatus();  // the call's own error
+  }
+  if (!caller.local) return CheckRemote(options_.remote_roots, caller, **entry);
+  if (caller.local->uid == 0 || (*entry)->root.empty()) {
     return absl::OkStatus();
   }
-  absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
-      catalog_->Resolve(dataset);
-  if (!reader.ok()) return absl::OkStatus();  // the call's own error
-  return access_.Check(who, **reader);
+  return access_.Check(*caller.local, *(*entry)->reader);
 }
 
 std::optional<absl::Status> Engine::KnownAccess(
-    const Credentials& who, absl::string_view dataset) const {
-  if (who.uid == 0 || (!dataset.empty() && dataset[0] == kAttachedPrefix)) {
+    const Caller& caller, absl::string_view dataset) const {
+  absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry =
+      catalog_->Find(dataset);
+  if (!entry.ok() || (*entry)->reader == nullptr) return absl::OkStatus();
+  if (!caller.local) return CheckRemote(options_.remote_roots, caller, **entry);
+  if (caller.local->uid == 0 || (*entry)->root.empty()) {
     return absl::OkStatus();
   }
-  absl::StatusOr<std::shared_ptr<const DatasetReader>> reader =
-      catalog_->Resolve(dataset);
-  if (!reader.ok()) return absl::OkStatus();
-  return access_.Known(who, **reader);
+  return access_.Known(*caller.local, *(*entry)->reader);
 }
 
 EngineFigures Engine::Figures() const {

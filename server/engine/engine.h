@@ -38,6 +38,9 @@ struct EngineOptions {
   std::vector<std::string> roots;
   /// Roots whose symlinks may lead out of them (Catalog).
   std::vector<std::string> trusted_roots;
+  /// The roots remote clients may read, and who (CheckAccess); empty:
+  /// every root, to every client that may connect.
+  std::vector<RemoteRoot> remote_roots;
   QueryLimits limits;
   /// Queries read vectors that are not in the page cache with O_DIRECT
   /// where the dataset allows it (ColdReads); false: all through the cache.
@@ -121,18 +124,20 @@ class Engine {
   }
   const QueryEngine& queries() const { return queries_; }
 
-  /// Whether local client `who` may read `dataset` (an id or prefix, as a
-  /// call names it): always for an attached dataset (its id is the
+  /// Whether `caller` may read `dataset` (an id or prefix, as a call names
+  /// it). A local client: always an attached dataset (its id is the
   /// capability the attaching client got by opening the files itself), and
-  /// for a catalog dataset when `who` could open its files
-  /// (AccessChecker). PERMISSION_DENIED naming the file otherwise. A name
-  /// that resolves to no served dataset is OK here: the call then fails
-  /// with its own NOT_FOUND or FAILED_PRECONDITION.
-  absl::Status CheckAccess(const Credentials& who,
+  /// a catalog dataset when its user could open the files (AccessChecker).
+  /// A remote client: a catalog dataset under a root EngineOptions::
+  /// remote_roots opens to it, never an attached one. PERMISSION_DENIED
+  /// saying why otherwise. A name that resolves to no served dataset is OK
+  /// here: the call then fails with its own NOT_FOUND or
+  /// FAILED_PRECONDITION.
+  absl::Status CheckAccess(const Caller& caller,
                            absl::string_view dataset) const;
   /// The same from kept verdicts only; nullopt when it would have to check
   /// (for callers on threads that must not block).
-  std::optional<absl::Status> KnownAccess(const Credentials& who,
+  std::optional<absl::Status> KnownAccess(const Caller& caller,
                                           absl::string_view dataset) const;
 
   /// Opens a stream: resolves the dataset (NOT_FOUND, INVALID_ARGUMENT for a

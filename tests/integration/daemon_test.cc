@@ -1998,6 +1998,78 @@ TEST_F(DaemonTest, MutualTlsRejectsClientsWithoutACertificate) {
   EXPECT_NE(mtls.WaitExit(std::chrono::seconds(10)), -1);
 }
 
+// A client certificate whose common name is `name`, signed by the CA
+// MakeCertificates made in `dir`: <dir>/<name>.pem and .key.
+bool MakeClientCertificate(const std::string& dir, const std::string& name) {
+  const std::string script = absl::StrCat(
+      "set -e; cd ", dir, "; openssl req -newkey rsa:2048 -nodes -keyout ",
+      name, ".key -out ", name, ".csr -subj /CN=", name, " 2>/dev/null; ",
+      "openssl x509 -req -in ", name, ".csr -CA ca.pem -CAkey ca.key ",
+      "-CAcreateserial -out ", name, ".pem -days 1 2>/dev/null");
+  return std::system(absl::StrCat("bash -c '", script, "'").c_str()) == 0;
+}
+
+TEST_F(DaemonTest, RemoteClientsReadOnlyTheRootsOpenToThemAndTheirNames) {
+  // Two roots: the main one open to certificates named "trainer-a", the
+  // other closed to remote clients. Local clients read both.
+  ASSERT_TRUE(MakeCertificates(dir_));
+  for (const char* name : {"trainer-a", "trainer-b"}) {
+    ASSERT_TRUE(MakeClientCertificate(dir_, name)) << name;
+  }
+  const std::string other = JoinPath(dir_, "other");
+  ASSERT_EQ(::mkdir(other.c_str(), 0755), 0);
+  const std::string other_id =
+      WriteDataset(other, {1}, 4, false, 8, 6, 100, false, kSeed + 2);
+  daemon_ = StartDaemon({"--root", other, "--listen-tcp", "127.0.0.1:0",
+                         "--tls-cert", JoinPath(dir_, "server.pem"),
+                         "--tls-key", JoinPath(dir_, "server.key"),
+                         "--tls-client-ca", JoinPath(dir_, "ca.pem"),
+                         "--remote-root", root_ + "=trainer-a"});
+  const int port = WaitForTcpPort(JoinPath(dir_, "daemon.log"));
+  ASSERT_GT(port, 0) << ReadAll(JoinPath(dir_, "daemon.log"));
+  auto remote = [&](const std::string& name) {
+    ClientOptions o;
+    o.tls_ca_file = JoinPath(dir_, "ca.pem");
+    o.tls_cert_file = JoinPath(dir_, name + ".pem");
+    o.tls_key_file = JoinPath(dir_, name + ".key");
+    o.tls_server_name = "localhost";
+    auto c = Client::Connect(absl::StrCat("127.0.0.1:", port), o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(*c);
+  };
+  std::unique_ptr<Client> a = remote("trainer-a");
+  std::unique_ptr<Client> b = remote("trainer-b");
+  auto r = a->GetVectors(main_id_, {{2, 6, 4}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->values[0], Expected(2, 1, 4, 0));
+  absl::Status refused = b->GetVectors(main_id_, {{2, 6, 4}}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_NE(refused.message().find("names one of: trainer-a"),
+            absl::string_view::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("this one names trainer-b"),
+            absl::string_view::npos)
+      << refused;
+  refused = a->GetVectors(other_id, {{0, 1, 0}}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_NE(refused.message().find("not open to remote clients"),
+            absl::string_view::npos)
+      << refused;
+  StreamRequest req;
+  req.dataset = other_id;
+  req.batch_size = 4;
+  auto stream = a->OpenStream(req);
+  Batch batch;
+  EXPECT_FALSE(stream->Next(&batch));
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(a->DescribeDataset(other_id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // On the node, both roots.
+  std::unique_ptr<Client> local = Connect();
+  EXPECT_TRUE(local->GetVectors(other_id, {{0, 1, 0}}).ok());
+  EXPECT_TRUE(local->GetVectors(main_id_, {{2, 6, 4}}).ok());
+}
+
 // Reads a whole stream of the main dataset; returns (example, content token,
 // layer) per row and checks every vector and label against the generator.
 // Every batch's views must hold one entry per row (the layer column only when

@@ -70,7 +70,7 @@ grpc::ServerUnaryReactor* AdminService::DescribeDataset(
   // user could open the files (the check runs here, on gRPC's thread, at
   // most once per user and dataset in a while: AccessChecker).
   absl::Status allowed =
-      CheckCaller(context_, CallerOf(context_, ctx->peer()), (*entry)->id);
+      CheckCaller(context_, CallerOf(context_, ctx), (*entry)->id);
   if (!allowed.ok()) return Done(ctx, allowed);
   FillDatasetInfo(**entry, response);
   return Done(ctx, absl::OkStatus());

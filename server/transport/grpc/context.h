@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/server_context.h"
 #include "server/engine/engine.h"
 #include "server/transport/figures.h"
 #include "server/transport/grpc/buffer_pool.h"
@@ -39,34 +41,43 @@ struct TransportContext {
   std::function<std::vector<Figure>(const EngineFigures* engine)> figures;
 };
 
-/// Who made a call, for the engine's access rule (Engine::CheckAccess):
-/// the local client's credentials for a call on the Unix socket (a
+/// Who made a call, for the engine's access rule (Engine::CheckAccess): a
+/// call on the Unix socket is a local client's, with its credentials (a
 /// connection the acceptor no longer knows is nobody's: uid and gid -1);
-/// nullopt for a remote call (TCP: who may connect is TLS's to decide).
-inline std::optional<Credentials> CallerOf(const TransportContext& context,
-                                           const std::string& grpc_peer) {
-  if (context.local == nullptr || grpc_peer.rfind("fd:", 0) != 0) {
-    return std::nullopt;
+/// any other call is remote, with the names its TLS certificate carries.
+inline Caller CallerOf(const TransportContext& context,
+                       grpc::ServerContextBase* ctx) {
+  Caller caller;
+  const std::string peer = ctx->peer();
+  if (context.local != nullptr && peer.rfind("fd:", 0) == 0) {
+    std::optional<LocalPeer> local = context.local->PeerOf(peer);
+    caller.local = local ? local->credentials() : LocalPeer().credentials();
+    return caller;
   }
-  std::optional<LocalPeer> peer = context.local->PeerOf(grpc_peer);
-  return peer ? peer->credentials() : LocalPeer().credentials();
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context()) {
+    for (const char* property :
+         {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SUBJECT_PROPERTY_NAME}) {
+      for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+        caller.certificate_names.emplace_back(v.data(), v.size());
+      }
+    }
+  }
+  return caller;
 }
 
-/// Whether `caller` may read `dataset`: always for a remote call.
+/// Whether `caller` may read `dataset` (Engine::CheckAccess).
 inline absl::Status CheckCaller(const TransportContext& context,
-                                const std::optional<Credentials>& caller,
+                                const Caller& caller,
                                 absl::string_view dataset) {
-  if (!caller) return absl::OkStatus();
-  return context.engine->CheckAccess(*caller, dataset);
+  return context.engine->CheckAccess(caller, dataset);
 }
 
 /// The same from kept verdicts only (for gRPC's own threads, which must not
 /// block): nullopt when the check has to be made on a worker.
-inline std::optional<absl::Status> KnownCaller(
-    const TransportContext& context, const std::optional<Credentials>& caller,
-    absl::string_view dataset) {
-  if (!caller) return absl::OkStatus();
-  return context.engine->KnownAccess(*caller, dataset);
+inline std::optional<absl::Status> KnownCaller(const TransportContext& context,
+                                               const Caller& caller,
+                                               absl::string_view dataset) {
+  return context.engine->KnownAccess(caller, dataset);
 }
 
 }  // namespace shardcast

@@ -43,7 +43,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
         name_(method_.substr(sizeof(kQueryMethodPrefix) - 1)),
         peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
                                        : ctx->peer()),
-        caller_(CallerOf(context, ctx->peer())) {
+        caller_(CallerOf(context, ctx)) {
     context_.metrics->calls_total++;
     context_.metrics->calls_in_flight++;
     if (LogEnabled(LogLevel::kDebug)) {
@@ -335,7 +335,7 @@ class QueryReactor final : public grpc::ServerGenericBidiReactor {
   const std::string method_;
   const std::string name_;  // method_ without kQueryMethodPrefix
   const std::string peer_;
-  const std::optional<Credentials> caller_;  // nullopt: a remote call
+  const Caller caller_;  // who asks (the access rule)
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;
   // GetVectors' and StreamVectors' request, parsed.

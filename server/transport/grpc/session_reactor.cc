@@ -35,7 +35,7 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
       : context_(context),
         peer_(context.local != nullptr ? context.local->Describe(ctx->peer())
                                        : ctx->peer()),
-        caller_(CallerOf(context, ctx->peer())) {
+        caller_(CallerOf(context, ctx)) {
     context_.metrics->query_sessions++;
     if (LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("call ", kVectorsSessionMethod),
@@ -259,7 +259,7 @@ class SessionReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
-  const std::optional<Credentials> caller_;  // nullopt: a remote call
+  const Caller caller_;  // who asks (the access rule)
   grpc::ByteBuffer request_;                 // the read in flight fills it
   grpc::ByteBuffer reply_;                   // the write in flight sends it
 

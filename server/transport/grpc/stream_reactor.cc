@@ -116,7 +116,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
                                        : ctx->peer()),
         local_(context.local != nullptr &&
                context.local->PeerOf(ctx->peer()).has_value()),
-        caller_(CallerOf(context, ctx->peer())),
+        caller_(CallerOf(context, ctx)),
         client_(context.metrics->streams.NextClientId()),
         shared_(shared) {
     Metrics* m = context_.metrics;
@@ -467,7 +467,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   const TransportContext context_;
   const std::string peer_;
   const bool local_;                         // on the Unix socket
-  const std::optional<Credentials> caller_;  // nullopt: a remote call
+  const Caller caller_;  // who asks (the access rule)
   const std::string client_;  // this stream's id in logs, status, metrics
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;  // the batch being written

@@ -151,7 +151,7 @@ class LocalChannel::Loop {
   // check_access); OK when no check is configured.
   absl::Status Allowed(const Conn& c, const std::string& dataset) const {
     if (!options_.check_access) return absl::OkStatus();
-    return options_.check_access(c.peer.credentials(), dataset);
+    return options_.check_access(Caller{c.peer.credentials(), {}}, dataset);
   }
   void SubmitRead(Conn& c, size_t i);
   void OnRead(Conn& c, size_t i, int res);

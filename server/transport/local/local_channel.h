@@ -96,7 +96,7 @@ struct LocalChannelOptions {
   /// Whether a client may read a dataset it names (vectors, layout, files
   /// for direct reads): OK, or the refusal it gets. The daemon passes the
   /// engine's access rule (Engine::CheckAccess). Empty: no check.
-  std::function<absl::Status(const Credentials&, const std::string& dataset)>
+  std::function<absl::Status(const Caller&, const std::string& dataset)>
       check_access;
 };
 
