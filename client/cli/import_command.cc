@@ -319,7 +319,37 @@ struct LoadStats {
 // Reads the shard once: SHA-256 of the file bytes and gunzip in the same
 // pass. The digest is compared before the pickle is parsed; a mismatch
 // wins over a gzip error (a corrupt file is reported as corrupt).
+// The most a shard may inflate to: what metadata.json says it holds when
+// it says enough (num_samples x layers x max_seq_length x hidden_size, at
+// 8 bytes a value, the widest dtype, plus 1 MiB a sample for its other
+// fields and 64 MiB), never more than --max-shard-bytes. `why` says which,
+// for the error.
+uint64_t ShardBound(const Source& src, const SourceShard& s,
+                    uint64_t max_shard_bytes, std::string* why) {
+  *why = absl::StrCat("--max-shard-bytes = ", max_shard_bytes);
+  const std::optional<std::vector<int64_t>>& layers =
+      s.layers ? s.layers : src.layers;
+  if (s.num_samples < 0 || !layers || src.max_seq_length <= 0 ||
+      src.hidden_size <= 0) {
+    return max_shard_bytes;
+  }
+  const double values = static_cast<double>(s.num_samples) *
+                        static_cast<double>(layers->size()) *
+                        static_cast<double>(src.max_seq_length) *
+                        static_cast<double>(src.hidden_size);
+  const double bound =
+      values * 8 + static_cast<double>(s.num_samples) * (1 << 20) + (64 << 20);
+  if (bound >= static_cast<double>(max_shard_bytes)) return max_shard_bytes;
+  *why = absl::StrCat("the ", static_cast<uint64_t>(bound),
+                      " bytes metadata.json allows (", s.num_samples,
+                      " samples x ", layers->size(), " layers x ",
+                      src.max_seq_length, " tokens x ", src.hidden_size,
+                      " values, with room for each sample's other fields)");
+  return static_cast<uint64_t>(bound);
+}
+
 absl::StatusOr<Pickle> LoadShard(const SourceShard& s, uint64_t max_bytes,
+                                 const std::string& bound_why,
                                  LoadStats* stats) {
   ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(s.path));
   Sha256 sha;
@@ -353,9 +383,13 @@ absl::StatusOr<Pickle> LoadShard(const SourceShard& s, uint64_t max_bytes,
     if (!gz_status.ok()) continue;  // keep hashing: the digest decides
     if (gzip) {
       gz_status = gz.Feed(chunk, &raw);
+      if (absl::IsResourceExhausted(gz_status)) {
+        gz_status = absl::ResourceExhaustedError(
+            absl::StrCat("decompresses to more than ", bound_why));
+      }
     } else if (raw.size() + chunk.size() > max_bytes) {
-      gz_status = absl::ResourceExhaustedError(
-          absl::StrCat("larger than --max-shard-bytes = ", max_bytes));
+      gz_status =
+          absl::ResourceExhaustedError(absl::StrCat("larger than ", bound_why));
     } else {
       raw.append(chunk.data(), chunk.size());
     }
@@ -801,7 +835,9 @@ absl::Status Importer::Prescan() {
   for (size_t i = 0; i < src_.shards.size(); ++i) {
     const SourceShard& s = src_.shards[i];
     LoadStats stats;
-    ASSIGN_OR_RETURN(Pickle p, LoadShard(s, options_.max_shard_bytes, &stats));
+    std::string why;
+    const uint64_t bound = ShardBound(src_, s, options_.max_shard_bytes, &why);
+    ASSIGN_OR_RETURN(Pickle p, LoadShard(s, bound, why, &stats));
     RETURN_IF_ERROR(ChooseLayers(&p.root()));
     ASSIGN_OR_RETURN(auto lists, LayerLists(p.root(), s, layers_));
     for (size_t li = 0; li < lists.size(); ++li) {
@@ -889,7 +925,9 @@ absl::Status Importer::ImportShard(size_t index) {
   const SourceShard& s = src_.shards[index];
   const auto t0 = std::chrono::steady_clock::now();
   LoadStats stats;
-  ASSIGN_OR_RETURN(Pickle p, LoadShard(s, options_.max_shard_bytes, &stats));
+  std::string why;
+  const uint64_t bound = ShardBound(src_, s, options_.max_shard_bytes, &why);
+  ASSIGN_OR_RETURN(Pickle p, LoadShard(s, bound, why, &stats));
   RETURN_IF_ERROR(ChooseLayers(&p.root()));
   ASSIGN_OR_RETURN(auto lists, LayerLists(p.root(), s, layers_));
   const auto n = static_cast<int64_t>(lists.front()->size());

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -173,5 +175,18 @@ int main(int argc, char** argv) {
   // setting) come from the heap, and the heap is trimmed only above 1 GiB.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  return shardcast::Main(argc, argv);
+  // Out of memory anywhere (an input larger than the machine, a memory
+  // limit such as `ulimit -v`): an error and exit status 1, never an abort
+  // with a core dump. Output files are written under temporary names and
+  // renamed when complete, so nothing half-written is left behind.
+  try {
+    return shardcast::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "shardcast: out of memory (the input needs more than this "
+                 "process may allocate; see ulimit -v)\n");
+  } catch (const std::length_error& e) {
+    std::fprintf(stderr, "shardcast: out of memory (%s)\n", e.what());
+  }
+  return 1;
 }

@@ -1007,6 +1007,12 @@ absl::Status Unpickler::Step(bool* stop) {
         ASSIGN_OR_RETURN(key, TakeLe(op_ == 'q' ? 1 : 4));
       }
       ASSIGN_OR_RETURN(PickleValue * top, Top());
+      if (memo_.size() >= options_.max_memo && memo_.count(key) == 0) {
+        return Error(absl::StatusCode::kResourceExhausted,
+                     absl::StrCat("more than ", options_.max_memo,
+                                  " memo entries (UnpickleOptions::max_memo): "
+                                  "not an activation pickle"));
+      }
       auto [it, inserted] = memo_.insert_or_assign(key, *top);
       (void)it;
       return inserted ? Count() : absl::OkStatus();

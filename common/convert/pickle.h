@@ -169,6 +169,11 @@ struct UnpickleOptions {
   /// the largest stack depth. Each costs a few dozen bytes, so the default
   /// bounds bookkeeping memory at about 2 GiB whatever the input holds.
   uint64_t max_objects = uint64_t{1} << 25;
+  /// Memo entries (BINPUT, LONG_BINPUT, MEMOIZE). Each copies a value into
+  /// the memo, one opcode byte for ~60 bytes of memory, so a pickle that
+  /// memoizes in a loop would grow 60 times its size: real activation
+  /// pickles memoize a few objects per sample.
+  uint64_t max_memo = uint64_t{1} << 20;
 };
 
 /// Unpickles `data` (one whole pickle; bytes after STOP are an error). The
@@ -183,7 +188,7 @@ struct UnpickleOptions {
 ///   UNIMPLEMENTED      valid pickle features this reader does not support
 ///                      (protocol 0/1 text opcodes, out-of-band buffers,
 ///                      object/structured/string dtypes, extensions);
-///   RESOURCE_EXHAUSTED beyond UnpickleOptions::max_objects.
+///   RESOURCE_EXHAUSTED beyond UnpickleOptions::max_objects or max_memo.
 absl::StatusOr<Pickle> Unpickle(std::string data,
                                 const UnpickleOptions& options = {});
 

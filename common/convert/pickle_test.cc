@@ -858,6 +858,27 @@ TEST(Unpickle, ObjectLimitIsResourceExhausted) {
   EXPECT_TRUE(Unpickle(data).ok());
 }
 
+TEST(Unpickle, MemoLimitIsResourceExhausted) {
+  // An empty list, then MEMOIZE 1000 times (each a new memo entry copying
+  // the top of the stack), hand-written; BINPUT to a key already stored
+  // does not count again.
+  std::string data = "\x80\x04]";
+  for (int i = 0; i < 1000; ++i) data += "\x94";
+  data += ".";
+  UnpickleOptions options;
+  options.max_memo = 100;
+  absl::StatusOr<Pickle> p = Unpickle(data, options);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("max_memo"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("byte 103"));
+  EXPECT_TRUE(Unpickle(data).ok());
+  std::string again = "\x80\x04]";
+  for (int i = 0; i < 1000; ++i) again += "q\x07";  // BINPUT 7, over and over
+  again += ".";
+  EXPECT_TRUE(Unpickle(again, options).ok());
+}
+
 TEST(Unpickle, PickleToJsonBoundsStringBytes) {
   // [s, s, s] with s = 'ab\u00e9' * 1000 shared through the memo
   // (hand-written: one BINUNICODE, MEMOIZE, two BINGETs).

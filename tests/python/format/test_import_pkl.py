@@ -388,3 +388,96 @@ def test_killed_import_then_rerun_succeeds(shardcast_bin, cli, tmp_path):
     out = json.loads(rerun.out)
     assert leftovers(root) == [out["hash"]], "the killed run's directory is still there"
     check_dataset(out, src)
+
+
+# ---------------------------------------------------------------------------
+# Bounded memory (issue 42): a shard may inflate only to what metadata.json
+# says it holds, the memo is capped, and running out of memory anyway is an
+# error, never an abort. The limits are the kernel's (RLIMIT_AS), set in the
+# child; a sanitizer build reserves terabytes of address space for its
+# shadow, so those runs are skipped there.
+
+def _sanitized(binary):
+    with open(binary, "rb") as f:
+        data = f.read()
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
+def _run_limited(binary, args, address_space_bytes, timeout=120):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    proc = subprocess.run([str(binary), *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, preexec_fn=limit)
+    proc.err = proc.stderr.decode("utf-8", errors="replace")
+    return proc
+
+
+def _replace_shard(src, name, pickle_bytes):
+    """Shard `name` becomes gzip(pickle_bytes), its checksum updated."""
+    fpath = os.path.join(src.path, name)
+    with gzip.open(fpath, "wb", compresslevel=9) as f:
+        f.write(pickle_bytes)
+    for entry in src.metadata["shards"]:
+        if entry["filename"] == name:
+            entry["checksum"] = "sha256:" + sha256_file(fpath)
+            entry["size_bytes"] = os.path.getsize(fpath)
+    src.write_metadata()
+    return fpath
+
+
+def test_a_gzip_bomb_stops_at_what_metadata_says_the_shard_holds(shardcast_bin, tmp_path):
+    """A 300 MB pickle in a few hundred KB of gzip, where metadata.json says
+    the shard holds 3 samples x 2 layers x 8 tokens x 8 values: refused at
+    that bound (8 bytes a value, 1 MiB a sample, 64 MiB), naming the shard
+    and the arithmetic, within a 1 GiB address space (the default bound,
+    --max-shard-bytes, is 32 GiB)."""
+    src = make_source(tmp_path / "src", seq_lens=((2, 3, 1), (2,)), seed=20)
+    bomb = b"\x80\x04B" + (300 << 20).to_bytes(4, "little") + bytes(300 << 20) + b"."
+    fpath = _replace_shard(src, "shard_0001.pkl.gz", bomb)
+    assert os.path.getsize(fpath) < 1 << 20
+    bound = 3 * 2 * 8 * 8 * 8 + 3 * (1 << 20) + (64 << 20)
+    root = tmp_path / "root"
+    limit = None if _sanitized(shardcast_bin) else 1 << 30
+    start = time.monotonic()
+    if limit is None:
+        proc = subprocess.run([str(shardcast_bin), "import", "pkl", src.path, root],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        proc.err = proc.stderr.decode("utf-8", errors="replace")
+    else:
+        proc = _run_limited(shardcast_bin, ["import", "pkl", src.path, root], limit)
+    assert proc.returncode == 1, proc.err
+    assert "shard_0001.pkl.gz" in proc.err and f"more than the {bound} bytes" in proc.err, \
+        proc.err
+    assert "3 samples x 2 layers x 8 tokens x 8 values" in proc.err, proc.err
+    assert time.monotonic() - start < 60
+    assert leftovers(root) == []
+
+
+def test_a_pickle_that_memoizes_in_a_loop_is_refused(cli, tmp_path):
+    """MEMOIZE 2 million times (2 MB of opcodes, ~120 MB of memo unbounded):
+    RESOURCE_EXHAUSTED at the memo cap, naming the shard and the byte."""
+    src = make_source(tmp_path / "src", seq_lens=((2,),), seed=21)
+    _replace_shard(src, "shard_0001.pkl.gz", b"\x80\x04]" + b"\x94" * 2_000_000 + b".")
+    proc = cli.fails("import", "pkl", src.path, tmp_path / "root")
+    assert "shard_0001.pkl.gz" in proc.err and "memo entries" in proc.err, proc.err
+    assert "byte 1048579" in proc.err, proc.err  # the (2^20 + 1)-th MEMOIZE
+    assert leftovers(tmp_path / "root") == []
+
+
+def test_running_out_of_memory_is_an_error_not_an_abort(shardcast_bin, tmp_path):
+    """Under a 256 MiB address space, a shard that needs more (a 300 MB
+    pickle, no counts in metadata.json to bound it by) ends with exit 1 and
+    a message, not SIGABRT from an uncaught std::bad_alloc."""
+    if _sanitized(shardcast_bin):
+        pytest.skip("a sanitizer's shadow memory needs more address space")
+    src = make_source(tmp_path / "src", seq_lens=((2,),), seed=22, in_metadata=False)
+    bomb = b"\x80\x04B" + (300 << 20).to_bytes(4, "little") + bytes(300 << 20) + b"."
+    _replace_shard(src, "shard_0001.pkl.gz", bomb)
+    root = tmp_path / "root"
+    proc = _run_limited(shardcast_bin, ["import", "pkl", src.path, root], 256 << 20)
+    assert proc.returncode == 1, (proc.returncode, proc.err)
+    assert "out of memory" in proc.err, proc.err
+    assert leftovers(root) == []
