@@ -1152,7 +1152,10 @@ Command ImportCommand() {
         "patches_per_shard token budget of the output shards (default "
         "2400000, raised to one example when needed)"},
        {"max-shard-bytes", "BYTES",
-        "refuse shards that decompress to more than this (default 32G)"},
+        "refuse shards that decompress to more than this (default 32G); "
+        "where metadata.json gives num_samples, the layers, max_seq_length "
+        "and hidden_size, also to more than those allow (8 bytes a value, "
+        "1 MiB a sample, 64 MiB)"},
        {"json", nullptr, "print machine-readable JSON"}},
       RunImport};
 }

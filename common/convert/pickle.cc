@@ -1629,6 +1629,10 @@ absl::Status GzipDecoder::Feed(absl::string_view input, std::string* out) {
       out->resize(old + produced);
       total_out_ += produced;
       if (total_out_ > max_output_) {
+        // The byte past the limit only showed that there is more: the
+        // output never holds more than max_output.
+        out->resize(out->size() - (total_out_ - max_output_));
+        total_out_ = max_output_;
         error_ = absl::ResourceExhaustedError(absl::StrCat(
             "gzip: decompresses to more than ", max_output_, " bytes"));
         return error_;

@@ -11,6 +11,9 @@
 #   npy/            small arrays saved by /usr/bin/python3 numpy: format 1.0,
 #                   2.0 and 3.0, float32, uint8, 0-d and empty, and dtypes
 #                   and orders the reader refuses
+#   pickle/         seed-002 shards pickled by /usr/bin/python3 (protocols 2,
+#                   4, 5; raw: first byte 0, gzipped: first byte 1), and
+#                   hostile ones (a global, a memo loop, a gzip bomb)
 #   stream_request/ and resume_token/: build-asan/make_stream_seeds
 #
 # Needs build/shardcast (SHARDCAST_BIN) and the fuzz build (FUZZ_BUILD,
@@ -23,7 +26,8 @@ fuzz_build=${FUZZ_BUILD:-build-asan}
 python=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$out/metadata" "$out/npy" "$out/stream_request" "$out/resume_token"
+mkdir -p "$out/metadata" "$out/npy" "$out/pickle" "$out/stream_request" \
+  "$out/resume_token"
 
 # ---- metadata: "<metadata.json>\0<shards.json>"
 pair() {  # pair NAME DIR: the dataset's two files as one seed, and compact
@@ -101,6 +105,31 @@ with open(f"{d}/f4_truncated", "wb") as f:
     np.save(f, np.zeros((8,), dtype="<f4"))
 with open(f"{d}/f4_truncated", "r+b") as f:
     f.truncate(128 + 8)
+EOF
+
+# ---- pickle: "<0|1><pickle or gzip of one>" (pickle_fuzz.cc)
+"$python" - "$out/pickle" <<'EOF'
+import gzip, pickle, sys
+import numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(0)
+def shard(n, seq, hidden):
+    return {f"layer_{l}": [{"sample_idx": i, "activation":
+                            rng.standard_normal((seq, hidden)).astype(np.float32),
+                            "shape": (seq, hidden), "text_preview": "caf\u00e9",
+                            "metadata": {"token_count": seq, "dataset_idx": 7 + i}}
+                           for i in range(n)] for l in (3, 4)}
+def save(name, raw):
+    open(f"{d}/{name}", "wb").write(b"\0" + raw)
+    open(f"{d}/{name}_gz", "wb").write(b"\1" + gzip.compress(raw, mtime=0))
+for proto in (2, 4, 5):
+    save(f"shard_p{proto}", pickle.dumps(shard(2, 3, 4), protocol=proto))
+save("f16_array", pickle.dumps({"layer_0": [{"activation": np.zeros((2, 2), np.float16)}]}, 4))
+save("global_os_system",
+     b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.")
+save("memo_loop", b"\x80\x04]" + b"\x94" * 64 + b".")
+bomb = b"\x80\x04B" + (1 << 26).to_bytes(4, "little") + bytes(1 << 26) + b"."
+open(f"{d}/gzip_bomb", "wb").write(b"\1" + gzip.compress(bomb, mtime=0))
 EOF
 
 # ---- stream_request and resume_token: tokens captured from real streams
