@@ -21,6 +21,7 @@
 #include "client/shared_memory_internal.h"
 #include "client/vectors_path_internal.h"
 #include "common/base/file.h"
+#include "common/base/log.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -555,10 +556,19 @@ std::unique_ptr<BatchStream> Client::OpenStream(const StreamRequest& request) {
             : internal_client::ClientRegion::Open(
                   socket, static_cast<uint32_t>(slots),
                   static_cast<uint64_t>(request.batch_size) * vector_bytes);
-    // UNIMPLEMENTED: the daemon's shared memory is off (its local channel
-    // serves queries only); its batches come in messages then.
-    if (!region.ok() && !absl::IsUnimplemented(region.status()))
-      return std::make_unique<FailedBatchStream>(region.status());
+    // Refused (UNIMPLEMENTED: the daemon's shared memory is off; a
+    // per-user cap; the channel busy) or reset: the batches come in gRPC
+    // messages, said once per process. A request the daemon refuses
+    // altogether is refused on that path too, with its reason.
+    if (!region.ok() && !absl::IsUnimplemented(region.status())) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        LogInfo("shardcast: shared memory is not available (",
+                region.status().ToString(),
+                "); this process's streams get their batches in gRPC "
+                "messages");
+      }
+    }
   }
   if (region.ok()) {
     auto ledger = std::make_shared<internal_client::SlotLedger>(*region);
@@ -665,18 +675,16 @@ absl::StatusOr<DatasetDescription> Client::DescribeDataset(
 
 absl::StatusOr<DatasetDescription> Client::AttachDataset(
     const std::string& path) {
-  const std::string channel =
-      internal_client::LocalChannelPath(impl_->address);
+  const std::string channel = internal_client::LocalChannelPath(impl_->address);
   if (channel.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": datasets are named by path only on the daemon's node (a "
-              "unix: address); name a catalog dataset by its id over TCP"));
+        path,
+        ": datasets are named by path only on the daemon's node (a "
+        "unix: address); name a catalog dataset by its id over TCP"));
   }
-  ASSIGN_OR_RETURN(
-      std::string id,
-      internal_client::AttachDataset(
-          channel, path,
-          impl_->options.connect_timeout_seconds));
+  ASSIGN_OR_RETURN(std::string id,
+                   internal_client::AttachDataset(
+                       channel, path, impl_->options.connect_timeout_seconds));
   return DescribeDataset(id);
 }
 

@@ -319,8 +319,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   const bool local_queries =
       !options.unix_socket.empty() && !options.disable_local_queries;
   if (shared_memory) {
-    d->shm =
-        std::make_unique<BatchRegions>(BatchRegionsOptions(), d->engine.get());
+    BatchRegionsOptions regions;
+    regions.max_bytes_per_user = options.max_region_bytes_per_user != 0
+                                     ? options.max_region_bytes_per_user
+                                     : options.reservoir_bytes / 2;
+    d->shm = std::make_unique<BatchRegions>(regions, d->engine.get());
   }
   if (shared_memory || local_queries) {
     LocalChannelOptions channel;
@@ -328,6 +331,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     channel.mode = kSocketMode;
     channel.group = options.socket_group;
     channel.max_connections = static_cast<int>(options.max_connections);
+    channel.max_connections_per_user =
+        static_cast<int>(options.max_connections_per_user);
     channel.spin_us = static_cast<unsigned>(options.local_query_spin_us);
     channel.threads = options.LocalQueryThreads();
     channel.direct_reads = !options.disable_direct_reads;

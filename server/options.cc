@@ -82,6 +82,15 @@ const std::vector<DaemonOption>& Table() {
       {"max-connections", "max_connections", "N",
        "local connections at once; more are answered RESOURCE_EXHAUSTED",
        OptionKind::kInteger, &O::max_connections, 1, 1 << 20},
+      {"max-connections-per-user", "max_connections_per_user", "N",
+       "local channel connections one user may have open at once; more are "
+       "answered RESOURCE_EXHAUSTED naming the limit",
+       OptionKind::kInteger, &O::max_connections_per_user, 1, 1 << 20},
+      {"max-region-bytes-per-user", "max_region_bytes_per_user", "N",
+       "shared-memory region bytes one user may hold at once (0: half of "
+       "--reservoir-bytes); past it a stream gets its batches in gRPC "
+       "messages",
+       OptionKind::kBytes, &O::max_region_bytes_per_user, 0, kNoMax},
       {"socket-send-buffer", "socket_send_buffer", "N",
        "send buffer of each local connection (SO_SNDBUF, capped by "
        "net.core.wmem_max; 0: the kernel's default, ~208 KiB): larger "

@@ -10,6 +10,7 @@ nothing per byte and would have to be built for every Python a cluster runs.
 """
 
 import json
+import logging
 import math
 import os
 import queue
@@ -81,6 +82,23 @@ class Error(Exception):
         code = e.code() if callable(getattr(e, "code", None)) else None
         details = e.details() if callable(getattr(e, "details", None)) else str(e)
         return cls(code.name if code is not None else "UNKNOWN", details or "")
+
+
+_LOG = logging.getLogger("shardcast")
+_SAID = set()
+
+
+def _say_once(topic, message):
+    """Logs `message` at info level, once per process and topic."""
+    if topic not in _SAID:
+        _SAID.add(topic)
+        _LOG.info(message)
+
+
+def _describe_refusal(e):
+    if isinstance(e, _local.Refused):
+        return f"{_code_name(e.code)}: {e.message}"
+    return f"{type(e).__name__}: {e}"
 
 
 def _repeated(field):
@@ -171,11 +189,15 @@ class Stream:
         if 0 < slot_bytes < 1 << 63:
             try:
                 self._region = _local.BatchRegion(path, slots, slot_bytes)
-            except _local.Refused as e:
-                # UNIMPLEMENTED: the daemon's shared memory is off (its
-                # channel serves queries only): batches come in messages.
-                if e.code != _local.UNIMPLEMENTED:
-                    raise Error(_code_name(e.code), e.message) from None
+            except (_local.Refused, OSError) as e:
+                # Shared memory refused (off, a per-user cap, the channel
+                # busy) or the connection reset: the batches come in gRPC
+                # messages instead, said once; a request the daemon refuses
+                # altogether is refused there too, with its reason.
+                if not (isinstance(e, _local.Refused) and e.code == _local.UNIMPLEMENTED):
+                    _say_once("shared memory", "shardcast: shared memory is not available "
+                              f"({_describe_refusal(e)}); this process's streams get their "
+                              "batches in gRPC messages")
         if self._region is not None:
             self.shared_memory = True
             self._requests = queue.SimpleQueue()

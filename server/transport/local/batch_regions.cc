@@ -4,8 +4,11 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -38,11 +41,45 @@ std::string HumanSize(uint64_t bytes) {
 }  // namespace
 
 ShmRegion::~ShmRegion() {
+  if (held_ != nullptr) held_->Remove(uid_, bytes());
   if (base_ == nullptr) return;  // refused before it was mapped and counted
   ::munmap(base_, bytes());
   Counters().regions--;
   Counters().bytes -= bytes();
 }
+
+bool RegionBytesByUser::TryAdd(uid_t uid, uint64_t bytes, uint64_t cap,
+                               uint64_t* held, int64_t* regions) {
+  MutexLock lock(&mu_);
+  auto& [sum, count] = held_[uid];
+  *held = sum;
+  *regions = count;
+  if (cap != 0 && (bytes > cap || sum > cap - bytes)) {
+    if (count == 0) held_.erase(uid);
+    return false;
+  }
+  sum += bytes;
+  ++count;
+  return true;
+}
+
+void RegionBytesByUser::Remove(uid_t uid, uint64_t bytes) {
+  MutexLock lock(&mu_);
+  auto it = held_.find(uid);
+  if (it == held_.end()) return;
+  it->second.first -= std::min(it->second.first, bytes);
+  if (--it->second.second <= 0) held_.erase(it);
+}
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 BatchRegions::BatchRegions(BatchRegionsOptions options, Engine* engine)
     : options_(std::move(options)), engine_(engine) {
@@ -64,13 +101,21 @@ void BatchRegions::PopulateLoop() {
     std::shared_ptr<ShmRegion> region;  // mapped while it is populated
     {
       MutexLock lock(&populate_mu_);
-      populate_ready_.Wait(
-          &populate_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(populate_mu_) {
+      // Woken at least every second to drop regions no stream attached.
+      populate_ready_.WaitFor(
+          &populate_mu_, std::chrono::seconds(1),
+          [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(populate_mu_) {
             return populate_stop_ || !to_populate_.empty();
           });
       if (populate_stop_) return;
-      region = std::move(to_populate_.front());
-      to_populate_.pop_front();
+      if (!to_populate_.empty()) {
+        region = std::move(to_populate_.front());
+        to_populate_.pop_front();
+      }
+    }
+    if (region == nullptr) {
+      DropUnattached();
+      continue;
     }
     if (options_.populate) {
       options_.populate(region->base_, region->bytes());
@@ -107,6 +152,7 @@ absl::StatusOr<std::shared_ptr<ShmRegion>> BatchRegions::Attach(
     return absl::FailedPreconditionError(
         "the shared-memory region is in use by another stream");
   }
+  region->ever_attached_ = true;
   Counters().attached++;
   // The handle's last copy detaches the region (and keeps it mapped).
   struct Attachment {
@@ -119,6 +165,32 @@ absl::StatusOr<std::shared_ptr<ShmRegion>> BatchRegions::Attach(
   auto attachment = std::make_shared<Attachment>();
   attachment->region = region;
   return std::shared_ptr<ShmRegion>(attachment, region.get());
+}
+
+void BatchRegions::DropUnattached() {
+  if (options_.attach_within_seconds <= 0) return;
+  const double now = Now();
+  std::vector<std::shared_ptr<ShmRegion>> dropped;  // freed outside mu_
+  {
+    MutexLock lock(&mu_);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      const ShmRegion& r = *it->second;
+      if (!r.ever_attached_.load() &&
+          now - r.made_at_ > options_.attach_within_seconds) {
+        dropped.push_back(std::move(it->second));
+        it = regions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& r : dropped) {
+    LogInfo("shared memory: dropped a region of ", HumanSize(r->bytes()),
+            " of pid ", r->pid(), " (uid ", r->uid(),
+            "): no stream used it "
+            "within ",
+            options_.attach_within_seconds, " s");
+  }
 }
 
 void BatchRegions::Forget(const std::string& token) {
@@ -155,9 +227,23 @@ absl::StatusOr<BatchRegions::Made> BatchRegions::Make(uint32_t slots,
                      " a region may have; use fewer slots or smaller batches"));
   }
   const uint64_t bytes = slot_bytes * slots;
+  uint64_t held = 0;
+  int64_t count = 0;
+  if (!held_->TryAdd(uid, bytes, options_.max_bytes_per_user, &held, &count)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, " holds ", count, " shared-memory region(s) of ",
+        HumanSize(held), "; another of ", HumanSize(bytes), " would pass the ",
+        HumanSize(options_.max_bytes_per_user),
+        " one user may hold (--max-region-bytes-per-user)"));
+  }
   Made made;
   made.region.reset(new ShmRegion());
   ShmRegion& region = *made.region;
+  region.uid_ = uid;
+  region.slots_ = slots;
+  region.slot_bytes_ = slot_bytes;
+  region.held_ = held_;  // from here on the region gives its bytes back
+  region.made_at_ = Now();
   ASSIGN_OR_RETURN(
       region.lease_,
       engine_->LeaseMemory(

@@ -69,11 +69,38 @@ class ShmRegion {
   uid_t uid_ = 0;
   std::unique_ptr<MemoryLease> lease_;
   std::atomic<bool> attached_{false};  // a stream uses it
+  std::atomic<bool> ever_attached_{false};
+  double made_at_ = 0;  // monotonic seconds
+  // The registry's count of each user's region bytes, told when it goes.
+  std::shared_ptr<class RegionBytesByUser> held_;
+};
+
+/// Region bytes each user holds (regions alive, attached or not).
+/// Thread-safe; shared by the registry and its regions, which may outlive
+/// it.
+class RegionBytesByUser {
+ public:
+  /// Adds `bytes` for `uid` unless that takes it past `cap` (0: no cap);
+  /// false, with what it holds now, otherwise.
+  bool TryAdd(uid_t uid, uint64_t bytes, uint64_t cap, uint64_t* held,
+              int64_t* regions) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(uid_t uid, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Mutex mu_;
+  std::map<uid_t, std::pair<uint64_t, int64_t>> held_ ABSL_GUARDED_BY(mu_);
 };
 
 struct BatchRegionsOptions {
   uint32_t max_slots = 16;  // per region
   uint64_t max_region_bytes = 1ull << 30;
+  /// Region bytes one user may hold at once, over all their regions (0: no
+  /// cap): one user's idle regions cannot take every other user's share.
+  uint64_t max_bytes_per_user = 0;
+  /// A region no stream has attached this long after it was made is
+  /// dropped (its memory goes back to the reservoir; a later SharedStream
+  /// with its token gets NOT_FOUND). 0: kept while its connection is open.
+  double attach_within_seconds = 60;
   /// Faults in a region's pages once its reply is sent (on the populate
   /// thread, while the stream may already write into it, so it must not
   /// change the contents). Default: MADV_POPULATE_WRITE; tests replace it.
@@ -101,8 +128,9 @@ class BatchRegions {
   /// Makes a region of `slots` slots of at least `slot_bytes` for the
   /// client `pid`/`uid` and registers it under a fresh token: attachable
   /// until Forget(token). INVALID_ARGUMENT for sizes out of bounds;
-  /// RESOURCE_EXHAUSTED past max_region_bytes or when the reservoir cannot
-  /// spare the memory; the errno's code when the memfd cannot be made.
+  /// RESOURCE_EXHAUSTED past max_region_bytes, past the user's
+  /// max_bytes_per_user (naming what they hold) or when the reservoir
+  /// cannot spare the memory; the errno's code when the memfd cannot be made.
   absl::StatusOr<Made> Make(uint32_t slots, uint64_t slot_bytes, pid_t pid,
                             uid_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   /// Faults in `region`'s pages on the populate thread (call once its
@@ -123,9 +151,13 @@ class BatchRegions {
 
  private:
   void PopulateLoop() ABSL_LOCKS_EXCLUDED(populate_mu_);
+  // Drops the regions no stream attached in time (attach_within_seconds).
+  void DropUnattached() ABSL_LOCKS_EXCLUDED(mu_);
 
   const BatchRegionsOptions options_;
   Engine* const engine_;
+  const std::shared_ptr<RegionBytesByUser> held_ =
+      std::make_shared<RegionBytesByUser>();
   std::thread populate_thread_;
 
   Mutex populate_mu_;

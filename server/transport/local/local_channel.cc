@@ -3,11 +3,13 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -40,8 +42,12 @@ struct Conn {
   uint32_t id = 0;
   UniqueFd fd;
   std::atomic<int>* open = nullptr;  // the service's count, once counted
+  // Its user's count of connections, once counted.
+  LocalChannel::UserConnections* per_user = nullptr;
   BatchRegions* regions = nullptr;
   LocalPeer peer;           // who it is (SO_PEERCRED, SO_PEERGROUPS)
+  double accepted_at = 0;   // monotonic seconds
+  bool asked = false;       // a request came (first_request_seconds)
   absl::Status refusal;     // not OK: the answer to its first request
   SharedMapping query;      // its query region, once asked for
   std::string batch_token;  // its batch region's, once asked for
@@ -68,8 +74,21 @@ struct Conn {
     // Streams attached to its batch region keep it mapped.
     if (!batch_token.empty()) regions->Forget(batch_token);
     if (open != nullptr) open->fetch_sub(1, std::memory_order_relaxed);
+    if (per_user != nullptr) {
+      MutexLock lock(&per_user->mu);
+      auto it = per_user->open.find(peer.uid);
+      if (it != per_user->open.end() && --it->second <= 0) {
+        per_user->open.erase(it);
+      }
+    }
   }
 };
+
+double MonotonicNow() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // `a + b <= limit` without overflow.
 bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
@@ -99,6 +118,7 @@ class LocalChannel::Loop {
   Loop(const LocalChannelOptions& options, const QueryEngine* queries,
        BatchRegions* regions, Metrics* metrics, UniqueFd listen_fd, int stop_fd,
        UniqueFd wake_fd, std::atomic<int>* open,
+       LocalChannel::UserConnections* per_user,
        const std::vector<std::unique_ptr<Loop>>* loops)
       : options_(options),
         queries_(queries),
@@ -109,6 +129,7 @@ class LocalChannel::Loop {
         stop_fd_(stop_fd),
         wake_fd_(std::move(wake_fd)),
         open_(open),
+        per_user_(per_user),
         loops_(loops) {}
 
   void Run();
@@ -127,6 +148,9 @@ class LocalChannel::Loop {
  private:
   void ArmListen();
   void ArmWake();
+  // The timer that closes connections silent since they were accepted.
+  void ArmTick();
+  void CloseSilent();
   // c's next request, when it comes.
   void ArmPoll(Conn& c);
   void Accept();
@@ -168,7 +192,9 @@ class LocalChannel::Loop {
   const int stop_fd_;
   const UniqueFd wake_fd_;  // eventfd: the inbox has connections
   std::atomic<int>* const open_;
+  LocalChannel::UserConnections* const per_user_;
   const std::vector<std::unique_ptr<Loop>>* const loops_;
+  UniqueFd tick_fd_;      // timerfd, every second: first-request deadlines
   size_t next_loop_ = 0;  // the loop the next accepted connection goes to
   Mutex inbox_mu_;
   std::vector<std::unique_ptr<Conn>> inbox_ ABSL_GUARDED_BY(inbox_mu_);
@@ -182,6 +208,7 @@ class LocalChannel::Loop {
 void LocalChannel::Loop::Run() {
   ring_->Poll(stop_fd_, POLLIN, [this](int) { stopping_ = true; });
   ArmWake();
+  ArmTick();
   if (listen_fd_.valid()) ArmListen();
   // Once stopping, only the reads in flight are waited for: they write into
   // regions that are unmapped when their connections go.
@@ -203,6 +230,51 @@ void LocalChannel::Loop::ArmListen() {
     Accept();
     ArmListen();
   });
+}
+
+void LocalChannel::Loop::ArmTick() {
+  if (options_.first_request_seconds <= 0) return;
+  if (!tick_fd_.valid()) {
+    tick_fd_.Reset(
+        ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    struct itimerspec every = {};
+    every.it_interval.tv_sec = 1;
+    every.it_value.tv_sec = 1;
+    if (!tick_fd_.valid() ||
+        ::timerfd_settime(tick_fd_.get(), 0, &every, nullptr) != 0) {
+      LogWarning("local channel: no timer for first-request deadlines: ",
+                 std::strerror(errno));
+      tick_fd_.Reset();
+      return;
+    }
+  }
+  ring_->Poll(tick_fd_.get(), POLLIN, [this](int) {
+    if (stopping_) return;
+    uint64_t ticks;
+    ssize_t n = ::read(tick_fd_.get(), &ticks, sizeof(ticks));
+    (void)n;
+    CloseSilent();
+    ArmTick();
+  });
+}
+
+void LocalChannel::Loop::CloseSilent() {
+  const double now = MonotonicNow();
+  std::vector<Conn*> silent;
+  for (auto& [id, c] : conns_) {
+    if (!c->asked && !c->busy && c->in_flight == 0 &&
+        now - c->accepted_at > options_.first_request_seconds) {
+      silent.push_back(c.get());
+    }
+  }
+  for (Conn* c : silent) {
+    LogInfo("local channel: closed pid ", c->peer.pid, " (uid ", c->peer.uid,
+            "): no request within ", options_.first_request_seconds, " s");
+    // The poll armed on it holds the socket open in the ring: shut it down
+    // so that the client sees the close now (the poll then completes).
+    ::shutdown(c->fd.get(), SHUT_RDWR);
+    Close(*c);
+  }
 }
 
 void LocalChannel::Loop::ArmWake() {
@@ -247,11 +319,25 @@ void LocalChannel::Loop::Accept() {
     // closed.
     const int open = open_->load(std::memory_order_relaxed);
     if (open >= options_.max_connections + kRefusedSlack) continue;
+    c->accepted_at = MonotonicNow();
+    int mine = 0;  // the user's connections open before this one
+    {
+      MutexLock lock(&per_user_->mu);
+      mine = per_user_->open[c->peer.uid]++;
+    }
+    c->per_user = per_user_;
     if (options_.admits &&
         !(known && options_.admits(c->peer.uid, c->peer.gid))) {
       c->refusal = absl::PermissionDeniedError(
           "this user may not use shardcastd: not in --allow-user / "
           "--allow-group");
+    } else if (options_.max_connections_per_user > 0 &&
+               mine >= options_.max_connections_per_user) {
+      c->refusal = absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", c->peer.uid, " has ", mine,
+          " local channel connections open, the limit for one user "
+          "(--max-connections-per-user ",
+          options_.max_connections_per_user, ")"));
     } else if (open >= options_.max_connections) {
       c->refusal = absl::UnavailableError(absl::StrCat(
           "the daemon has ", open,
@@ -309,6 +395,7 @@ void LocalChannel::Loop::OnPoll(Conn& c) {
     Close(c);  // the client went (EOF) or the socket failed
     return;
   }
+  c.asked = true;
   LocalReply reply;
   reply.set_id(request.id());
   if (!c.refusal.ok()) {
@@ -751,7 +838,7 @@ absl::StatusOr<std::unique_ptr<LocalChannel>> LocalChannel::Start(
     s->loops_.push_back(std::make_unique<Loop>(
         s->options_, queries, regions, metrics,
         i == 0 ? std::move(listen_fd) : UniqueFd(), s->stop_fd_.get(),
-        std::move(wake), &s->open_, &s->loops_));
+        std::move(wake), &s->open_, &s->per_user_, &s->loops_));
   }
   for (const std::unique_ptr<Loop>& loop : s->loops_) {
     s->threads_.emplace_back([l = loop.get()] { l->Run(); });

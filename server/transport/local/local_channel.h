@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,6 +47,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/file.h"
+#include "common/base/mutex.h"
 #include "common/format/dataset_files.h"
 #include "server/engine/access.h"
 #include "server/engine/query.h"
@@ -59,6 +61,12 @@ struct LocalChannelOptions {
   uint32_t mode = 0660;
   std::string group;  // chgrp the socket to it when set
   int max_connections = 1024;
+  /// Connections one user (uid) may have open at once; past it a
+  /// connection's first request is answered RESOURCE_EXHAUSTED.
+  int max_connections_per_user = 256;
+  /// A connection that sends no request this long after it was accepted is
+  /// closed: a client that connects and never asks holds nothing for long.
+  double first_request_seconds = 10;
   /// Whether a peer (uid, primary gid) may connect; empty: anyone the
   /// socket's mode lets in. The daemon passes its --allow-user/-group.
   std::function<bool(uid_t, gid_t)> admits;
@@ -120,6 +128,14 @@ class LocalChannel {
   /// Connections open now.
   int connections() const { return open_.load(std::memory_order_relaxed); }
 
+  /// Connections open by user, across the channel's threads (against
+  /// max_connections_per_user). Internal: public for the connections'
+  /// bookkeeping in local_channel.cc.
+  struct UserConnections {
+    Mutex mu;
+    std::map<uid_t, int> open ABSL_GUARDED_BY(mu);
+  };
+
  private:
   class Loop;
   explicit LocalChannel(LocalChannelOptions options);
@@ -127,6 +143,7 @@ class LocalChannel {
   const LocalChannelOptions options_;
   // Connections open across the loops (against max_connections).
   std::atomic<int> open_{0};
+  UserConnections per_user_;
   std::vector<std::unique_ptr<Loop>> loops_;
   UniqueFd stop_fd_;  // eventfd: the destructor wakes every loop
   std::vector<std::thread> threads_;

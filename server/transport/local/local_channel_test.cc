@@ -72,8 +72,10 @@ class GatedPopulate {
 
 class LocalChannelTest : public ::testing::Test {
  protected:
+  using Tweak = std::function<void(LocalChannelOptions*, BatchRegionsOptions*)>;
   void Start(std::function<void(char*, uint64_t)> populate,
-             int max_connections = 256, bool attach = false) {
+             int max_connections = 256, bool attach = false,
+             const Tweak& tweak = nullptr) {
     EngineOptions o;
     o.roots = {tmp_.path()};
     o.reservoir.slot_bytes = kMiB;
@@ -83,7 +85,6 @@ class LocalChannelTest : public ::testing::Test {
     engine_ = std::move(*e);
     BatchRegionsOptions ro;
     ro.populate = std::move(populate);
-    regions_ = std::make_unique<BatchRegions>(ro, engine_.get());
     LocalChannelOptions co;
     co.path = socket_;
     co.max_connections = max_connections;
@@ -94,6 +95,8 @@ class LocalChannelTest : public ::testing::Test {
         return entry->id;
       };
     }
+    if (tweak) tweak(&co, &ro);
+    regions_ = std::make_unique<BatchRegions>(ro, engine_.get());
     // No queries here: their requests are answered UNIMPLEMENTED.
     auto s = LocalChannel::Start(co, nullptr, regions_.get(), &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -123,6 +126,16 @@ class LocalChannelTest : public ::testing::Test {
       }
     }
     return out;
+  }
+
+  // Whether a new region is served within 2 s (once the daemon has seen a
+  // connection close).
+  bool ServedAgain() const {
+    for (int i = 0; i < 200; ++i) {
+      if (ClientRegion::Open(socket_, 2, kMiB).ok()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
   }
 
   TempRoot tmp_;
@@ -197,12 +210,106 @@ TEST_F(LocalChannelTest, AConnectionOverTheLimitIsToldWhy) {
         << over.status();
   }
   regions[0]->Disconnect();
-  bool served = false;  // once the daemon has seen the close
-  for (int i = 0; i < 200 && !served; ++i) {
-    served = ClientRegion::Open(socket_, 2, kMiB).ok();
-    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(ServedAgain());
+}
+
+// One user cannot take every connection: past max_connections_per_user its
+// next connection is told the limit and its count; others are not counted
+// against it.
+TEST_F(LocalChannelTest,
+       AUserOverTheirConnectionLimitIsToldTheLimitAndTheirCount) {
+  Start(nullptr, 256, false, [](LocalChannelOptions* co, BatchRegionsOptions*) {
+    co->max_connections_per_user = 2;
+  });
+  std::vector<std::shared_ptr<const ClientRegion>> regions;
+  for (int i = 0; i < 2; ++i) {
+    auto r = ClientRegion::Open(socket_, 2, kMiB);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    regions.push_back(*r);
   }
-  EXPECT_TRUE(served);
+  auto over = ClientRegion::Open(socket_, 2, kMiB);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted)
+      << over.status();
+  EXPECT_NE(over.status().message().find(absl::StrCat(
+                "uid ", ::getuid(), " has 2 local channel connections open")),
+            std::string::npos)
+      << over.status();
+  EXPECT_NE(over.status().message().find("--max-connections-per-user 2"),
+            std::string::npos)
+      << over.status();
+  regions[0]->Disconnect();
+  EXPECT_TRUE(ServedAgain());
+}
+
+// A connection that never asks is closed after first_request_seconds; one
+// that asked stays.
+TEST_F(LocalChannelTest, AConnectionThatNeverAsksIsClosed) {
+  Start(nullptr, 256, false, [](LocalChannelOptions* co, BatchRegionsOptions*) {
+    co->first_request_seconds = 1;
+  });
+  auto asked = ClientRegion::Open(socket_, 2, kMiB);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  UniqueFd silent(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_.data(), socket_.size());
+  ASSERT_EQ(
+      ::connect(silent.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+      0);
+  const auto start = std::chrono::steady_clock::now();
+  struct timeval tv = {10, 0};
+  ::setsockopt(silent.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char c;
+  ssize_t got;
+  do {
+    got = ::recv(silent.get(), &c, 1, 0);
+  } while (got < 0 && errno == EINTR);
+  EXPECT_EQ(got, 0) << "not closed: " << std::strerror(errno);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_GE(waited, 0.9);
+  EXPECT_LT(waited, 5);
+  // The one that asked is still served: its region is attachable.
+  EXPECT_TRUE(regions_->Attach((*asked)->token()).ok());
+}
+
+// One user's regions cannot take the reservoir: past max_bytes_per_user
+// they are told what they hold; a region no stream attached in time is
+// dropped and its memory freed.
+TEST_F(LocalChannelTest,
+       RegionsAreCappedPerUserAndDroppedWhenNoStreamAttaches) {
+  Start(nullptr, 256, false, [](LocalChannelOptions*, BatchRegionsOptions* ro) {
+    ro->max_bytes_per_user = 6 * kMiB;
+    ro->attach_within_seconds = 1;
+  });
+  auto first = ClientRegion::Open(socket_, 4, kMiB);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = ClientRegion::Open(socket_, 4, kMiB);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(second.status().message().find(absl::StrCat(
+                "uid ", ::getuid(),
+                " holds 1 shared-memory region(s) of 4 MiB; another of 4 MiB "
+                "would pass the 6 MiB one user may hold")),
+            std::string::npos)
+      << second.status();
+  // Attached in time, a region stays past the deadline.
+  auto handle = regions_->Attach((*first)->token());
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto idle = ClientRegion::Open(socket_, 2, kMiB);
+  ASSERT_TRUE(idle.ok()) << idle.status();  // 4 + 2 MiB: at the cap
+  EXPECT_EQ(regions_->Figures().regions, 2);
+  for (int i = 0; i < 500 && regions_->Figures().regions != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(regions_->Figures().regions, 1);  // the idle one went
+  EXPECT_EQ(regions_->Attach((*idle)->token()).status().code(),
+            absl::StatusCode::kNotFound);
+  handle->reset();
+  // Its bytes are the user's again.
+  EXPECT_TRUE(ClientRegion::Open(socket_, 2, kMiB).ok());
 }
 
 // A raw connection to the channel, for packets the client library never
@@ -305,8 +412,8 @@ TEST_F(LocalChannelTest, QueriesOffAreAnsweredUnimplemented) {
   EXPECT_TRUE(fds.empty());
 }
 
-
-TEST_F(LocalChannelTest, AnAttachThatDoesNotAddUpIsRefusedAndTheConnectionStays) {
+TEST_F(LocalChannelTest,
+       AnAttachThatDoesNotAddUpIsRefusedAndTheConnectionStays) {
   Start(nullptr, 256, /*attach=*/true);
   auto c = LocalConnection::Connect(socket_);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -322,19 +429,23 @@ TEST_F(LocalChannelTest, AnAttachThatDoesNotAddUpIsRefusedAndTheConnectionStays)
   };
   const std::vector<Case> cases = {
       {"names without errors",
-       [](auto* a) { a->add_names("metadata.json"); }, {}, "names but"},
+       [](auto* a) { a->add_names("metadata.json"); },
+       {},
+       "names but"},
       {"a descriptor it does not count",
        [](auto* a) {
          a->add_names("metadata.json");
          a->add_errors(2);
        },
-       {raw[0]}, "descriptors carried"},
+       {raw[0]},
+       "descriptors carried"},
       {"a name that is a path",
        [](auto* a) {
          a->add_names("../etc/passwd");
          a->add_errors(2);
        },
-       {}, "is not a file name"},
+       {},
+       "is not a file name"},
       {"a name given twice",
        [](auto* a) {
          a->add_names("x.bin");
@@ -342,7 +453,8 @@ TEST_F(LocalChannelTest, AnAttachThatDoesNotAddUpIsRefusedAndTheConnectionStays)
          a->add_names("x.bin");
          a->add_errors(2);
        },
-       {}, "given twice"},
+       {},
+       "given twice"},
       {"no path", [](auto* a) { a->set_path(""); }, {}, "path and name"},
   };
   for (const Case& k : cases) {

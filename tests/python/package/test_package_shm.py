@@ -402,19 +402,19 @@ def test_absurd_region_requests_are_refused_cleanly(start_daemon, datasets):
 
 def test_region_refused_by_the_reservoir_leaves_the_count_at_zero(start_daemon, datasets):
     """A region larger than the reservoir (2 slots of 40 MiB with a 64 MiB
-    reservoir) is refused with RESOURCE_EXHAUSTED naming --reservoir-bytes,
-    and status().shm_regions stays 0 (it counts mapped regions); the same
-    refusal reached through the package (a stream whose 4 slots exceed the
-    reservoir) too."""
-    d = start_daemon(*ALONE)
+    reservoir, the per-user cap lifted) is refused with RESOURCE_EXHAUSTED
+    naming --reservoir-bytes, and status().shm_regions stays 0 (it counts
+    mapped regions); a stream whose 4 slots exceed the reservoir gets its
+    batches in gRPC messages instead."""
+    d = start_daemon(*ALONE, "--max-region-bytes-per-user", "1G")
     r = datasets.main
     with pytest.raises(_local.Refused) as e:
         _local.BatchRegion(shm_path(d), 2, 40 << 20)
     assert e.value.code == 8 and "--reservoir-bytes" in e.value.message, e.value.message
     with shardcast.Client(d.address) as client:
-        with pytest.raises(shardcast.Error) as e:
-            next(client.stream(r.id, layer=6, batch_size=100_000))  # 4 x 25.6 MB
-        assert e.value.code == "RESOURCE_EXHAUSTED", e.value
+        with client.stream(r.id, layer=6, batch_size=100_000) as s:  # 4 x 25.6 MB
+            assert not s.shared_memory
+            assert next(s).rows == len(r.selection(6))
         st = client.status()
         assert (st.shm_regions, st.shm_bytes, st.shm_streams) == (0, 0, 0), (
             f"after two refused regions the daemon counts shm_regions={st.shm_regions}")
