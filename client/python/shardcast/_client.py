@@ -9,12 +9,14 @@ place (one copy, by protobuf's parser). A compiled extension would save
 nothing per byte and would have to be built for every Python a cluster runs.
 """
 
+import atexit
 import json
 import logging
 import math
 import os
 import queue
 import types
+import weakref
 
 import grpc
 import numpy as np
@@ -86,6 +88,20 @@ class Error(Exception):
 
 _LOG = logging.getLogger("shardcast")
 _SAID = set()
+
+
+# Clients still open when the interpreter exits are closed first, so that
+# gRPC's own shutdown never waits on a channel a script did not close.
+_OPEN_CLIENTS = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients():
+    for client in list(_OPEN_CLIENTS):
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 (exiting: nothing to report to)
+            pass
 
 
 def _say_once(topic, message):
@@ -379,6 +395,7 @@ class Client:
                         f"within {timeout} s " + (f"(see its log {private})" if private else
                                                    "(is it running? right address/TLS?)")
                         ) from None
+        _OPEN_CLIENTS.add(self)
         self._admin = pb_grpc.AdminStub(self._channel)
         self._query = pb_grpc.QueryStub(self._channel)
         self._stream = pb_grpc.StreamStub(self._channel)
