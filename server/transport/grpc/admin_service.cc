@@ -55,7 +55,13 @@ grpc::ServerUnaryReactor* AdminService::Done(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::ListDatasets(
     grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest*,
     v1::ListDatasetsResponse* response) {
+  // A local caller sees the datasets its user could open (a dataset's
+  // metadata is the dataset's too: AccessChecker), and those rejected.
+  const Caller caller = CallerOf(context_, ctx);
   for (const auto& entry : context_.engine->catalog().List()) {
+    if (caller.local && !CheckCaller(context_, caller, entry->id).ok()) {
+      continue;
+    }
     FillDatasetInfo(*entry, response->add_datasets());
   }
   return Done(ctx, absl::OkStatus());

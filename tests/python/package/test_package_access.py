@@ -92,6 +92,21 @@ def may_open(path, uid, gid, groups=()):
                           preexec_fn=become).returncode == 0
 
 
+def listed(address, uid):
+    """The dataset ids `ls` shows that user (ListDatasets)."""
+    code = ("import sys, shardcast\n"
+            "print(' '.join(d.id for d in shardcast.Client(sys.argv[1]).datasets()))")
+
+    def become():
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    out = subprocess.run(["/usr/bin/python3", "-c", code, address], capture_output=True,
+                         text=True, timeout=60, env=CHILD_ENV, preexec_fn=become)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
 def first_vector_hex(reference, layer):
     return reference.acts[0, reference.layers.index(layer), 0].tobytes().hex()
 
@@ -133,6 +148,8 @@ def test_a_user_reads_a_catalog_dataset_only_when_they_could_open_its_files(
     assert not may_open(shard, NOBODY, NOBODY)
     d = start_daemon(*ALONE, "--socket-group", "nogroup", roots=[str(root)])
     assert_refused_every_way(probe(d.address, ds.name, 6, NOBODY, NOBODY), shard)
+    assert listed(d.address, NOBODY) == [], "listed to a user who cannot open it"
+    assert listed(d.address, 0) == [ds.name]
     want = first_vector_hex(datasets.main, 6)
     mine = probe(d.address, ds.name, 6, 0, 0)
     assert mine["describe"] == "OK" and all(mine[w] == "OK " + want for w in WAYS[1:]), mine
@@ -142,6 +159,7 @@ def test_a_user_reads_a_catalog_dataset_only_when_they_could_open_its_files(
     d2 = start_daemon(*ALONE, "--socket-group", "nogroup", roots=[str(root)])
     got = probe(d2.address, ds.name, 6, NOBODY, NOBODY)
     assert got["describe"] == "OK" and all(got[w] == "OK " + want for w in WAYS[1:]), got
+    assert listed(d2.address, NOBODY) == [ds.name]
 
 
 def test_a_link_out_of_the_root_is_refused_and_a_trusted_roots_link_is_checked_per_user(
