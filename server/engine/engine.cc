@@ -1,5 +1,7 @@
 #include "server/engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -61,6 +63,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
   scans.scans = e->options_.scans;
   scans.gather_helpers = e->options_.gather_helpers;
   ASSIGN_OR_RETURN(e->scans_, ScanRegistry::Start(scans));
+  e->leases_ =
+      std::make_unique<LeasePool>(e->scans_.get(), e->scans_->reservoir());
   const Reservoir& r = *e->scans_->reservoir();
   const ReadEngine& reads = *e->scans_->engine();
   const ScanOptions& s = e->options_.scans;
@@ -187,25 +191,63 @@ absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(
   return entry;
 }
 
-MemoryLease::~MemoryLease() {
-  reservoir_->Unpark(slots_);
-  reservoir_->Unreserve(slots_);
+LeasePool::~LeasePool() {
+  MutexLock lock(&mu_);
+  if (bytes_ != 0) {
+    LogError("engine: ", bytes_, " bytes of memory leases outlive the engine");
+  }
+}
+
+absl::StatusOr<uint64_t> LeasePool::Take(uint64_t bytes,
+                                         const std::string& what) {
+  const uint64_t block = reservoir_->slot_bytes();
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  MutexLock lock(&mu_);
+  if (bytes > reservoir_->bytes() - bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", bytes, " bytes; the reservoir has ",
+                     reservoir_->bytes(), " (--reservoir-bytes), ", bytes_,
+                     " of them lent to other clients' buffers"));
+  }
+  bytes = (bytes + page - 1) / page * page;  // what the kernel gives
+  const int64_t need =
+      static_cast<int64_t>((bytes_ + bytes + block - 1) / block) - blocks_;
+  if (need > 0) {
+    RETURN_IF_ERROR(scans_->Reserve(need, what));
+    reservoir_->Park(need);  // their pages go back to the kernel
+    blocks_ += need;
+  }
+  bytes_ += bytes;
+  return bytes;
+}
+
+void LeasePool::Give(uint64_t bytes) {
+  const uint64_t block = reservoir_->slot_bytes();
+  MutexLock lock(&mu_);
+  bytes_ -= std::min(bytes, bytes_);
+  const int64_t spare =
+      blocks_ - static_cast<int64_t>((bytes_ + block - 1) / block);
+  if (spare > 0) {
+    reservoir_->Unpark(spare);
+    reservoir_->Unreserve(spare);
+    blocks_ -= spare;
+  }
+}
+
+uint64_t LeasePool::bytes() const {
+  MutexLock lock(&mu_);
+  return bytes_;
+}
+
+int64_t LeasePool::blocks() const {
+  MutexLock lock(&mu_);
+  return blocks_;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(
     uint64_t bytes, const std::string& what) {
-  Reservoir* r = scans_->reservoir();
-  const uint64_t slot = r->slot_bytes();
-  const uint64_t slots = bytes / slot + (bytes % slot != 0 ? 1 : 0);
-  if (slots > static_cast<uint64_t>(r->num_slots())) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, " needs ", bytes, " bytes, more than the whole reservoir (",
-        r->bytes(), " bytes, --reservoir-bytes)"));
-  }
-  RETURN_IF_ERROR(scans_->Reserve(static_cast<int64_t>(slots), what));
-  r->Park(static_cast<int64_t>(slots));  // its pages go back to the kernel
-  return std::unique_ptr<MemoryLease>(
-      new MemoryLease(r, static_cast<int64_t>(slots), bytes));
+  ASSIGN_OR_RETURN(bytes, leases_->Take(bytes, what));
+  return std::unique_ptr<MemoryLease>(new MemoryLease(leases_.get(), bytes));
 }
 
 namespace {

@@ -78,22 +78,55 @@ struct StreamOptions {
   uint64_t max_batch_bytes = 0;
 };
 
+/// The reservoir blocks lent to transports' buffers (MemoryLease), shared
+/// by all leases: together they hold their bytes rounded up to a block once,
+/// not each lease its own blocks, so a 256 KiB shared-memory region costs
+/// 256 KiB of the bound, not a 4 MiB block. The blocks are reserved like a
+/// stream's and parked (their pages go back to the kernel), so that the
+/// reservoir's memory and the leased buffers together stay within
+/// --reservoir-bytes. Thread-safe.
+class LeasePool {
+ public:
+  LeasePool(ScanRegistry* scans, Reservoir* reservoir)
+      : scans_(scans), reservoir_(reservoir) {}
+  ~LeasePool();
+  LeasePool(const LeasePool&) = delete;
+  LeasePool& operator=(const LeasePool&) = delete;
+
+  /// Adds `bytes`, rounded up to whole pages, to the leased total,
+  /// reserving and parking the blocks it newly needs; the bytes counted.
+  /// RESOURCE_EXHAUSTED naming `what` when the reservoir cannot spare them.
+  absl::StatusOr<uint64_t> Take(uint64_t bytes, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Takes `bytes` off the total; blocks no longer needed go back.
+  void Give(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t blocks() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  ScanRegistry* const scans_;
+  Reservoir* const reservoir_;
+  mutable Mutex mu_;  // before the registry's and the reservoir's locks
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 /// Reservoir memory a transport holds for a client's buffers (shared-memory
 /// slots), counted against --reservoir-bytes like a stream's reservation so
-/// that the daemon's memory bound covers it. Given back on destruction.
+/// that the daemon's memory bound covers it (LeasePool). Given back on
+/// destruction.
 class MemoryLease {
  public:
-  ~MemoryLease();
+  ~MemoryLease() { pool_->Give(bytes_); }
   MemoryLease(const MemoryLease&) = delete;
   MemoryLease& operator=(const MemoryLease&) = delete;
   uint64_t bytes() const { return bytes_; }
 
  private:
   friend class Engine;
-  MemoryLease(Reservoir* reservoir, int64_t slots, uint64_t bytes)
-      : reservoir_(reservoir), slots_(slots), bytes_(bytes) {}
-  Reservoir* const reservoir_;
-  const int64_t slots_;
+  MemoryLease(LeasePool* pool, uint64_t bytes) : pool_(pool), bytes_(bytes) {}
+  LeasePool* const pool_;
   const uint64_t bytes_;
 };
 
@@ -149,10 +182,10 @@ class Engine {
   absl::StatusOr<std::unique_ptr<BatchSource>> OpenStream(
       StreamOptions options);
 
-  /// Leases `bytes` of the reservoir (rounded up to whole blocks) for
-  /// memory a transport holds. RESOURCE_EXHAUSTED naming `what` and the
-  /// flags when the reservoir cannot spare it. The lease must not outlive
-  /// the engine.
+  /// Leases `bytes` of the reservoir for memory a transport holds (whole
+  /// pages; the leases share blocks, LeasePool). RESOURCE_EXHAUSTED naming
+  /// `what` and the flags when the reservoir cannot spare it. The lease must
+  /// not outlive the engine.
   absl::StatusOr<std::unique_ptr<MemoryLease>> LeaseMemory(
       uint64_t bytes, const std::string& what);
 
@@ -181,6 +214,7 @@ class Engine {
   const std::unique_ptr<Catalog> catalog_;
   const QueryEngine queries_;
   std::unique_ptr<ScanRegistry> scans_;
+  std::unique_ptr<LeasePool> leases_;  // after scans_: it goes first
   const TokenSealer tokens_;
   mutable AccessChecker access_;
   std::atomic<uint64_t> ordered_bytes_read_{0};

@@ -14,9 +14,9 @@
 // ~25 ms per 64 MiB, and trainers launched together must not reach the
 // stream call one after another behind it (they would miss the shared
 // scan's start and read its first blocks again). Region memory is leased
-// from the reservoir (Engine::LeaseMemory), so the daemon's memory bound
-// covers it. The daemon only ever writes into a region, at slot offsets it
-// computed itself.
+// from the reservoir in pages (Engine::LeaseMemory), so the daemon's memory
+// bound covers it. The daemon only ever writes into a region, at slot offsets
+// it computed itself.
 #ifndef SHARDCAST_SERVER_TRANSPORT_LOCAL_BATCH_REGIONS_H_
 #define SHARDCAST_SERVER_TRANSPORT_LOCAL_BATCH_REGIONS_H_
 

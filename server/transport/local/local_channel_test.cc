@@ -312,6 +312,38 @@ TEST_F(LocalChannelTest,
   EXPECT_TRUE(ClientRegion::Open(socket_, 2, kMiB).ok());
 }
 
+// Regions are leased in pages: small regions share the reservoir's blocks
+// (4 regions of 256 KiB hold one 1 MiB block, not four) and the blocks go
+// back when the regions do.
+TEST_F(LocalChannelTest, SmallRegionsShareReservoirBlocks) {
+  Start(nullptr);
+  auto reserved = [this] {
+    return engine_->Figures().reservoir_bytes_reserved;
+  };
+  std::vector<std::shared_ptr<const ClientRegion>> regions;
+  for (int i = 0; i < 4; ++i) {
+    auto r = ClientRegion::Open(socket_, 1, 256 * 1024);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    regions.push_back(*r);
+  }
+  EXPECT_EQ(reserved(), kMiB);
+  // A region of 5 pages more than fits: the next block.
+  auto odd = ClientRegion::Open(socket_, 1, 5 * 4096 - 100);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  EXPECT_EQ((*odd)->slot_bytes(), 5 * 4096u);
+  EXPECT_EQ(reserved(), 2 * kMiB);
+  odd->reset();
+  for (int i = 0; i < 500 && reserved() != kMiB; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(reserved(), kMiB);
+  regions.clear();
+  for (int i = 0; i < 500 && reserved() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(reserved(), 0u);
+}
+
 // A raw connection to the channel, for packets the client library never
 // sends.
 UniqueFd RawConnect(const std::string& path) {
