@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/clock.h"
 #include "common/base/file.h"
 #include "common/base/status.h"
 
@@ -21,12 +21,6 @@ namespace shardcast {
 namespace {
 
 constexpr size_t kMaxVerdicts = 4096;
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Denied(const Credentials& who, const std::string& path,
                     const std::string& why) {
@@ -181,7 +175,8 @@ std::optional<absl::Status> AccessChecker::Known(
   const Key key = KeyOf(who, reader);
   MutexLock lock(&mu_);
   auto it = verdicts_.find(key);
-  if (it == verdicts_.end() || it->second.until < Now()) return std::nullopt;
+  if (it == verdicts_.end() || it->second.until < MonotonicSeconds())
+    return std::nullopt;
   return it->second.status;
 }
 
@@ -204,7 +199,7 @@ absl::Status AccessChecker::Check(const Credentials& who,
   absl::Status status = CanOpen(who, paths);
   MutexLock lock(&mu_);
   if (verdicts_.size() >= kMaxVerdicts) verdicts_.clear();
-  verdicts_[KeyOf(who, reader)] = {status, Now() + keep_};
+  verdicts_[KeyOf(who, reader)] = {status, MonotonicSeconds() + keep_};
   return status;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/local/memfd.h"
@@ -70,16 +71,6 @@ void RegionBytesByUser::Remove(uid_t uid, uint64_t bytes) {
   it->second.first -= std::min(it->second.first, bytes);
   if (--it->second.second <= 0) held_.erase(it);
 }
-
-namespace {
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 BatchRegions::BatchRegions(BatchRegionsOptions options, Engine* engine)
     : options_(std::move(options)), engine_(engine) {
@@ -169,7 +160,7 @@ absl::StatusOr<std::shared_ptr<ShmRegion>> BatchRegions::Attach(
 
 void BatchRegions::DropUnattached() {
   if (options_.attach_within_seconds <= 0) return;
-  const double now = Now();
+  const double now = MonotonicSeconds();
   std::vector<std::shared_ptr<ShmRegion>> dropped;  // freed outside mu_
   {
     MutexLock lock(&mu_);
@@ -243,7 +234,7 @@ absl::StatusOr<BatchRegions::Made> BatchRegions::Make(uint32_t slots,
   region.slots_ = slots;
   region.slot_bytes_ = slot_bytes;
   region.held_ = held_;  // from here on the region gives its bytes back
-  region.made_at_ = Now();
+  region.made_at_ = MonotonicSeconds();
   ASSIGN_OR_RETURN(
       region.lease_,
       engine_->LeaseMemory(

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
@@ -83,12 +83,6 @@ struct Conn {
     }
   }
 };
-
-double MonotonicNow() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // `a + b <= limit` without overflow.
 bool FitsIn(uint64_t a, uint64_t b, uint64_t limit) {
@@ -259,7 +253,7 @@ void LocalChannel::Loop::ArmTick() {
 }
 
 void LocalChannel::Loop::CloseSilent() {
-  const double now = MonotonicNow();
+  const double now = MonotonicSeconds();
   std::vector<Conn*> silent;
   for (auto& [id, c] : conns_) {
     if (!c->asked && !c->busy && c->in_flight == 0 &&
@@ -319,7 +313,7 @@ void LocalChannel::Loop::Accept() {
     // closed.
     const int open = open_->load(std::memory_order_relaxed);
     if (open >= options_.max_connections + kRefusedSlack) continue;
-    c->accepted_at = MonotonicNow();
+    c->accepted_at = MonotonicSeconds();
     int mine = 0;  // the user's connections open before this one
     {
       MutexLock lock(&per_user_->mu);
