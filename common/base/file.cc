@@ -82,6 +82,12 @@ absl::Status CheckBeneath(int fd, absl::string_view path,
       " (a root whose links may leave it is declared with --trust-symlinks)"));
 }
 
+absl::Status CheckPathBeneath(const std::string& path, absl::string_view root) {
+  const UniqueFd fd(::open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, path);
+  return CheckBeneath(fd.get(), path, root);
+}
+
 absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& path) {
   // O_NONBLOCK: open() of a FIFO without a writer would wait for one; on a
   // regular file the flag changes nothing.

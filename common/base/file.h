@@ -61,6 +61,10 @@ bool PathIsBeneath(absl::string_view path, absl::string_view root);
 absl::Status CheckBeneath(int fd, absl::string_view path,
                           absl::string_view root);
 
+/// CheckBeneath for the file or directory at `path` (opened O_PATH): the
+/// errno's code when it cannot be opened.
+absl::Status CheckPathBeneath(const std::string& path, absl::string_view root);
+
 /// FAILED_PRECONDITION naming what `fd` is unless it is a regular file
 /// (OpenRegularFile's check, for descriptors opened elsewhere).
 absl::Status CheckRegularFile(int fd, absl::string_view path);

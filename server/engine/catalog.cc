@@ -6,12 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
 #include "common/base/file.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
@@ -19,12 +19,6 @@
 namespace shardcast {
 
 namespace {
-
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Which files `reader` reads: (device, inode, size, mtime) of each data
 // file and of metadata.json/shards.json, and the content hash.
@@ -64,22 +58,6 @@ std::string RandomHex(int bytes) {
     absl::StrAppend(&out, absl::Hex(rng(), absl::kZeroPad16));
   }
   return out.substr(0, static_cast<size_t>(2 * bytes));
-}
-
-// PERMISSION_DENIED when dataset directory `dir` resolves outside
-// `beneath` (a root's resolved path; empty: a trusted root, anywhere will
-// do). Otherwise a null reader: nothing stands in the way of opening it.
-absl::StatusOr<std::unique_ptr<DatasetReader>> CheckBeneathRoot(
-    const std::string& dir, const std::string& beneath) {
-  if (beneath.empty()) return nullptr;
-  char* real = ::realpath(dir.c_str(), nullptr);
-  if (real == nullptr) return ErrnoToStatus(errno, dir);
-  const std::string at = real;
-  std::free(real);
-  if (PathIsBeneath(at, beneath)) return nullptr;
-  return absl::PermissionDeniedError(absl::StrCat(
-      dir, " leads to ", at, ", outside its dataset root ", beneath,
-      " (a root whose links may leave it is declared with --trust-symlinks)"));
 }
 
 }  // namespace
@@ -162,12 +140,17 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
         continue;  // the first one found keeps the id
       }
       std::shared_ptr<const DatasetFiles> files = DirectoryFiles(dir, beneath);
+      // `beneath` empty: a trusted root, anywhere will do.
+      const absl::Status within =
+          beneath.empty() ? absl::OkStatus() : CheckPathBeneath(dir, beneath);
       absl::StatusOr<std::unique_ptr<DatasetReader>> reader =
-          CheckBeneathRoot(dir, beneath);
-      if (reader.ok()) {
+          absl::UnknownError("not opened");
+      if (within.ok()) {
         auto info = ReadDatasetInfo(files);
         if (info.ok()) entry->info = *info;
         reader = DatasetReader::Open(files);
+      } else {
+        reader = within;
       }
       if (reader.ok()) {
         // Which files these are: a client attaching the same files by path
