@@ -285,8 +285,9 @@ absl::Status CheckRemote(const std::vector<RemoteRoot>& roots,
 
 }  // namespace
 
-absl::Status Engine::CheckAccess(const Caller& caller,
-                                 absl::string_view dataset) const {
+std::optional<absl::Status> Engine::Access(const Caller& caller,
+                                           absl::string_view dataset,
+                                           bool decide) const {
   absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry =
       catalog_->Find(dataset);
   if (!entry.ok() || (*entry)->reader == nullptr) {
@@ -296,19 +297,18 @@ absl::Status Engine::CheckAccess(const Caller& caller,
   if (caller.local->uid == 0 || (*entry)->root.empty()) {
     return absl::OkStatus();
   }
+  if (!decide) return access_.Known(*caller.local, *(*entry)->reader);
   return access_.Check(*caller.local, *(*entry)->reader);
+}
+
+absl::Status Engine::CheckAccess(const Caller& caller,
+                                 absl::string_view dataset) const {
+  return *Access(caller, dataset, /*decide=*/true);
 }
 
 std::optional<absl::Status> Engine::KnownAccess(
     const Caller& caller, absl::string_view dataset) const {
-  absl::StatusOr<std::shared_ptr<const CatalogEntry>> entry =
-      catalog_->Find(dataset);
-  if (!entry.ok() || (*entry)->reader == nullptr) return absl::OkStatus();
-  if (!caller.local) return CheckRemote(options_.remote_roots, caller, **entry);
-  if (caller.local->uid == 0 || (*entry)->root.empty()) {
-    return absl::OkStatus();
-  }
-  return access_.Known(*caller.local, *(*entry)->reader);
+  return Access(caller, dataset, /*decide=*/false);
 }
 
 EngineFigures Engine::Figures() const {

@@ -221,6 +221,11 @@ class Engine {
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};
   absl::StatusOr<StatsEntry> LoadOrComputeStats(const DatasetReader& reader);
+  // CheckAccess (`decide`: always a verdict) and KnownAccess (only a kept
+  // one, else nullopt).
+  std::optional<absl::Status> Access(const Caller& caller,
+                                     absl::string_view dataset,
+                                     bool decide) const;
   OncePerDataset<StatsEntry> stats_;
 };
 
