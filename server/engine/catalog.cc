@@ -70,9 +70,9 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
   }
   // Log only what changed since the last scan (a rescan of 1000 datasets
   // should not print 1000 lines).
-  auto was = [&previous](const std::string& id) -> const CatalogEntry* {
+  auto was = [&previous](const std::string& id) {
     auto it = previous->find(id);
-    return it == previous->end() ? nullptr : it->second.get();
+    return it == previous->end() ? nullptr : it->second;
   };
   int64_t ok = 0, failed = 0;
   // Out of descriptors (or memory for one), every open below would fail and
@@ -160,10 +160,20 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
           (*reader)->set_identity(*identity);
           entry->info->identity = *identity;
         }
+        ++ok;
+        const std::shared_ptr<const CatalogEntry> before = was(name);
+        // The same files as before: the entry stays, with its reader (the
+        // scans reading it and the catalog share one set of descriptors,
+        // and kept access verdicts stay valid); the new reader closes.
+        if (before != nullptr && before->status.ok() && before->info &&
+            entry->info && !entry->info->identity.empty() &&
+            before->info->identity == entry->info->identity &&
+            before->root == root) {
+          (*next)[name] = before;
+          continue;
+        }
         entry->reader = std::move(*reader);
         const DatasetDesc& dd = entry->reader->desc();
-        ++ok;
-        const CatalogEntry* before = was(name);
         if (before != nullptr && before->status.ok()) {
           (*next)[name] = std::move(entry);
           continue;
@@ -180,7 +190,7 @@ std::pair<int64_t, int64_t> Catalog::Rescan() {
                 dd.tokens_per_example, ", D ", dd.d_model);
       } else {
         entry->status = reader.status();
-        const CatalogEntry* before = was(name);
+        const std::shared_ptr<const CatalogEntry> before = was(name);
         if (before == nullptr || before->status != entry->status) {
           LogWarning("dataset ", dir, " rejected: ", entry->status.message());
         }

@@ -175,6 +175,28 @@ TEST_F(CatalogTest, RescanDropsDeletedDatasetsAndAddsNewOnes) {
   EXPECT_TRUE(catalog.Resolve(second).ok());
 }
 
+// A rescan keeps the entry, and its reader's descriptors, of a dataset whose
+// files have not changed, and replaces it when one has.
+TEST_F(CatalogTest, RescanKeepsAnUnchangedEntryAndReplacesAChangedOne) {
+  const std::string id = Write(root_a_, 3);
+  Catalog catalog({root_a_});
+  catalog.Rescan();
+  auto first = catalog.Resolve(id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  catalog.Rescan();
+  auto again = catalog.Resolve(id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->get(), first->get());
+  // A shard rewritten (a new modification time): a new entry and reader.
+  const std::string shard = JoinPath(JoinPath(root_a_, id), "acts000000.bin");
+  struct timespec times[2] = {{0, UTIME_OMIT}, {1234567890, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, shard.c_str(), times, 0), 0);
+  catalog.Rescan();
+  auto changed = catalog.Resolve(id);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_NE(changed->get(), first->get());
+}
+
 TEST_F(CatalogTest, ARootThatCannotBeListedKeepsItsDatasets) {
   // A hiccup of the filesystem (here: the root renamed away) must not empty
   // the catalog; the other root is rescanned as usual.

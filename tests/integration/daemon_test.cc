@@ -1744,9 +1744,33 @@ TEST_F(DaemonTest, DirectReadRequestsGiveTheLayoutAndReadOnlyFiles) {
   EXPECT_EQ(static_cast<absl::StatusCode>(reply.code()),
             absl::StatusCode::kResourceExhausted);
   EXPECT_GT(reply.need_region_bytes(), uint64_t{1} << 16);
-  // A rescan opens the dataset's files again: the old serial is refused.
+  // A rescan that finds the files unchanged keeps them open: the serial
+  // still serves. One that finds a shard changed opens the dataset again:
+  // the old serial is refused.
   open.mutable_open_files()->clear_files();
   open.mutable_open_files()->add_files(0);
+  const auto scans = [this] {  // the catalog logs a line per scan
+    const std::string log = daemon_->log();
+    size_t n = 0;
+    for (size_t at = log.find("catalog: "); at != std::string::npos;
+         at = log.find("catalog: ", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t before = scans();
+  ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
+  for (int i = 0; i < 500 && scans() == before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(scans(), before) << daemon_->log();
+  std::vector<UniqueFd> kept;
+  EXPECT_EQ(raw.Call(open, &kept).code(), 0) << daemon_->log();
+  EXPECT_EQ(kept.size(), 1u);
+  const std::string shard =
+      JoinPath(JoinPath(root_, main_id_), "acts000000.bin");
+  struct timespec times[2] = {{0, UTIME_OMIT}, {1234567890, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, shard.c_str(), times, 0), 0);
   ASSERT_EQ(::kill(daemon_->pid(), SIGHUP), 0);
   bool aborted = false;
   for (int i = 0; i < 200 && !aborted; ++i) {
