@@ -495,9 +495,10 @@ def test_connections_past_the_cap_get_resource_exhausted(tmp_path):
 NOBODY = 65534
 
 
-def as_nobody():
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+# A child as nobody: subprocess's user=/group=/extra_groups= (set in C after
+# the fork), not a preexec_fn, whose Python code in a child forked while
+# gRPC's threads run here may crash.
+AS_NOBODY = dict(user=NOBODY, group=NOBODY, extra_groups=[])
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
@@ -526,7 +527,7 @@ def test_allow_lists_refuse_other_users_with_permission_denied(tmp_path):
         try:
             out = subprocess.run(["/usr/bin/python3", "-c", probe, d.address, info["hash"]],
                                  capture_output=True, text=True, timeout=30,
-                                 preexec_fn=as_nobody, env=env)
+                                 env=env, **AS_NOBODY)
             assert out.stdout.startswith(expect), out.stdout + out.stderr
             shm_line = out.stdout.splitlines()[-1]
             assert shm_line == "SHM OK" if expect == "OK" else \
@@ -543,7 +544,6 @@ def test_out_of_descriptors_the_socket_accepts_again_afterwards(tmp_path):
     """After accept() failed with EMFILE, gRPC's listener never accepted
     again (while /healthz said 200). Now it backs off, says 503, and
     recovers once descriptors are free."""
-    import resource
     import socket
     import urllib.error
     import urllib.request
@@ -551,15 +551,13 @@ def test_out_of_descriptors_the_socket_accepts_again_afterwards(tmp_path):
     root.mkdir()
     info = synth(root)
 
-    def low_fd_limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
-
     sock = tmp_path / "d.sock"
     log = open(tmp_path / "emfile.log", "wb")
-    proc = subprocess.Popen([str(SHARDCASTD_BIN), "--root", str(root), "--listen",
+    # The limit set by prlimit(1), not a preexec_fn (see AS_NOBODY).
+    proc = subprocess.Popen(["prlimit", "--nofile=160", "--",
+                             str(SHARDCASTD_BIN), "--root", str(root), "--listen",
                              f"unix:{sock}", "--reservoir-bytes", "64M", "--http",
-                             "127.0.0.1:0"], stdout=log, stderr=log,
-                            preexec_fn=low_fd_limit)
+                             "127.0.0.1:0"], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20
         while not sock.exists():

@@ -158,8 +158,7 @@ def test_a_user_attaches_only_what_they_can_open(start_daemon, datasets, sockdir
         def run():
             out = subprocess.run(["/usr/bin/python3", "-c", ATTACH_AS_NOBODY, d.address,
                                   str(ds)], capture_output=True, text=True, timeout=30,
-                                 env=CHILD_ENV,
-                                 preexec_fn=lambda: (os.setgid(NOBODY), os.setuid(NOBODY)))
+                                 env=CHILD_ENV, user=NOBODY, group=NOBODY, extra_groups=[])
             assert out.returncode == 0, out.stderr
             return out.stdout.strip()
 
