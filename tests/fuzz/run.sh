@@ -55,12 +55,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [[ "$seconds" -lt 1 ]]; then
   echo "usage: tests/fuzz/run.sh [SECONDS] | --configure DIR" >&2
   exit 2
 fi
-# local_channel is left out of the default (CI's) list until its open finding
-# is fixed: twice, after ~20,000 runs that began with a batch_region request,
-# one request got no reply for 10-30 s (never alone; the inputs are
-# tests/fuzz/corpus/local_channel/hang-*). Run it by name:
-#   SHARDCAST_FUZZ_TARGETS=local_channel bash tests/fuzz/run.sh 120
-read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy pickle stream_request resume_token}"
+read -r -a targets <<<"${SHARDCAST_FUZZ_TARGETS:-metadata npy pickle stream_request resume_token local_channel}"
 build="build-asan"
 work=$build/fuzz-work
 crashes=$build/crashes
