@@ -91,6 +91,12 @@ const std::vector<DaemonOption>& Table() {
        "--reservoir-bytes); past it a stream gets its batches in gRPC "
        "messages",
        OptionKind::kBytes, &O::max_region_bytes_per_user, 0, kNoMax},
+      {"max-streams-per-user", "max_streams_per_user", "N",
+       "streams one user (a local uid, a remote certificate) may have open "
+       "at once (0: no cap); each reserves reservoir blocks, so on a node "
+       "shared by many users one user cannot take them all. Past it: "
+       "RESOURCE_EXHAUSTED naming the cap and the user's count",
+       OptionKind::kInteger, &O::max_streams_per_user, 0, 1 << 20},
       {"socket-send-buffer", "socket_send_buffer", "N",
        "send buffer of each local connection (SO_SNDBUF, capped by "
        "net.core.wmem_max; 0: the kernel's default, ~208 KiB): larger "
@@ -463,6 +469,7 @@ EngineOptions DaemonOptions::Engine() const {
   e.scans.start_delay = std::chrono::milliseconds(scan_start_delay_ms);
   e.node_rank = node_rank;
   e.node_count = node_count;
+  e.max_streams_per_owner = max_streams_per_user;
   return e;
 }
 

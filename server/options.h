@@ -62,6 +62,8 @@ struct DaemonOptions {
   int64_t max_connections_per_user = 256;
   /// Shared-memory region bytes one user may hold; 0: reservoir_bytes / 2.
   uint64_t max_region_bytes_per_user = 0;
+  /// Streams one user may have open at once; 0: no cap.
+  int64_t max_streams_per_user = 0;
   /// Send buffer asked for each local connection (SO_SNDBUF; the kernel
   /// caps it at net.core.wmem_max); 0 keeps the kernel's default.
   uint64_t socket_send_buffer = 4ull << 20;

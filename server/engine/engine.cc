@@ -20,8 +20,13 @@ namespace {
 // know nothing of the key (resume_token.h, TokenSealer).
 class SealedSource final : public BatchSource {
  public:
-  SealedSource(std::unique_ptr<BatchSource> inner, const TokenSealer* sealer)
-      : inner_(std::move(inner)), sealer_(sealer) {
+  // `counted`: the stream's place in its owner's count, given back when the
+  // source goes.
+  SealedSource(std::unique_ptr<BatchSource> inner, const TokenSealer* sealer,
+               std::shared_ptr<void> counted)
+      : inner_(std::move(inner)),
+        sealer_(sealer),
+        counted_(std::move(counted)) {
     shape_ = inner_->shape();
   }
 
@@ -40,6 +45,7 @@ class SealedSource final : public BatchSource {
  private:
   std::unique_ptr<BatchSource> inner_;
   const TokenSealer* sealer_;
+  std::shared_ptr<void> counted_;
 };
 
 }  // namespace
@@ -99,6 +105,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
     o.spec.node_rank = options_.node_rank;
     o.spec.node_count = options_.node_count;
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<void> counted, CountStream(o.owner));
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(o.dataset));
   const DatasetDesc& d = reader->desc();
@@ -149,7 +156,35 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
                                            &ordered_bytes_read_));
   }
   source->SetTransform(std::move(transform));
-  return std::make_unique<SealedSource>(std::move(source), &tokens_);
+  return std::make_unique<SealedSource>(std::move(source), &tokens_,
+                                        std::move(counted));
+}
+
+absl::StatusOr<std::shared_ptr<void>> Engine::CountStream(
+    const std::string& owner) {
+  if (owner.empty()) return nullptr;
+  {
+    MutexLock lock(&owners_->mu);
+    int64_t& open = owners_->open[owner];
+    const int64_t cap = options_.max_streams_per_owner;
+    if (cap > 0 && open >= cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          owner, " has ", open,
+          " streams open, the limit for one user (--max-streams-per-user ", cap,
+          ")"));
+    }
+    ++open;
+  }
+  // Counted out when the last copy goes (the stream's source).
+  std::shared_ptr<StreamOwners> owners = owners_;
+  return std::shared_ptr<void>(
+      nullptr, [owners = std::move(owners), owner](void*) {
+        MutexLock lock(&owners->mu);
+        auto it = owners->open.find(owner);
+        if (it != owners->open.end() && --it->second <= 0) {
+          owners->open.erase(it);
+        }
+      });
 }
 
 absl::StatusOr<Engine::StatsEntry> Engine::Stats(const DatasetReader& reader) {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +57,10 @@ struct EngineOptions {
   /// The node group of streams that do not name one (StreamSpec).
   int64_t node_rank = 0;
   int64_t node_count = 1;
+  /// Streams one owner (StreamOptions::owner) may have open at once; 0: no
+  /// cap. Each stream reserves reservoir blocks: on a node shared by many
+  /// users, one user's streams cannot take every reservation.
+  int64_t max_streams_per_owner = 0;
 };
 
 /// How a stream visits its selection.
@@ -76,6 +81,9 @@ struct StreamOptions {
   std::string client;  // the transport's id of this stream ("s7"), likewise
   /// The largest batch (vector bytes) the transport can carry; 0 = no limit.
   uint64_t max_batch_bytes = 0;
+  /// Whose stream, for EngineOptions::max_streams_per_owner and its message
+  /// ("uid 1000"); empty: not counted.
+  std::string owner;
 };
 
 /// The reservoir blocks lent to transports' buffers (MemoryLease), shared
@@ -178,7 +186,8 @@ class Engine {
   /// checks the batch against `max_batch_bytes` and the spec and resume
   /// token (INVALID_ARGUMENT naming the field), and for shuffled streams
   /// joins the selection's shared scan (RESOURCE_EXHAUSTED naming the
-  /// flags when the reservoir cannot take another stream).
+  /// flags when the reservoir cannot take another stream, or naming the
+  /// owner's count and --max-streams-per-user past that cap).
   absl::StatusOr<std::unique_ptr<BatchSource>> OpenStream(
       StreamOptions options);
 
@@ -217,10 +226,21 @@ class Engine {
   std::unique_ptr<LeasePool> leases_;  // after scans_: it goes first
   const TokenSealer tokens_;
   mutable AccessChecker access_;
+  // Streams open per StreamOptions::owner; shared with the streams, which
+  // count themselves out when they go.
+  struct StreamOwners {
+    Mutex mu;
+    std::map<std::string, int64_t> open ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<StreamOwners> owners_ =
+      std::make_shared<StreamOwners>();
   std::atomic<uint64_t> ordered_bytes_read_{0};
   std::atomic<int64_t> datasets_ok_{0};
   std::atomic<int64_t> datasets_failed_{0};
   absl::StatusOr<StatsEntry> LoadOrComputeStats(const DatasetReader& reader);
+  // Counts a stream of `owner` in (a handle that counts it out), or
+  // RESOURCE_EXHAUSTED past max_streams_per_owner; null for no owner.
+  absl::StatusOr<std::shared_ptr<void>> CountStream(const std::string& owner);
   // CheckAccess (`decide`: always a verdict) and KnownAccess (only a kept
   // one, else nullopt).
   std::optional<absl::Status> Access(const Caller& caller,

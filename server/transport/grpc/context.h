@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/server_context.h"
 #include "server/engine/engine.h"
@@ -63,6 +64,17 @@ inline Caller CallerOf(const TransportContext& context,
     }
   }
   return caller;
+}
+
+/// Whose calls these are, for the per-user caps and their messages: a local
+/// client's user ("uid 1000"), a remote client's certificate ("certificate
+/// CN=..."), or all remote clients without one together.
+inline std::string OwnerOf(const Caller& caller) {
+  if (caller.local) return absl::StrCat("uid ", caller.local->uid);
+  if (!caller.certificate_names.empty()) {
+    return absl::StrCat("certificate ", caller.certificate_names.front());
+  }
+  return "remote clients without a certificate";
 }
 
 /// Whether `caller` may read `dataset` (Engine::CheckAccess).

@@ -270,7 +270,10 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
     } else if (options.ok()) {
       outlet_ = std::make_unique<MessageOutlet>(context_.buffers);
     }
-    if (options.ok()) options->client = client_;
+    if (options.ok()) {
+      options->client = client_;
+      options->owner = OwnerOf(caller_);
+    }
     absl::StatusOr<std::unique_ptr<BatchSource>> source =
         options.ok() ? context_.engine->OpenStream(*options) : options.status();
     if (!source.ok()) {
@@ -466,8 +469,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
 
   const TransportContext context_;
   const std::string peer_;
-  const bool local_;                         // on the Unix socket
-  const Caller caller_;  // who asks (the access rule)
+  const bool local_;          // on the Unix socket
+  const Caller caller_;       // who asks (the access rule)
   const std::string client_;  // this stream's id in logs, status, metrics
   grpc::ByteBuffer request_;
   grpc::ByteBuffer reply_;  // the batch being written

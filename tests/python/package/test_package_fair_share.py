@@ -93,3 +93,31 @@ def test_one_users_connections_are_capped_and_a_silent_one_is_closed(start_daemo
     assert silent.recv(1) == b"", "the daemon never closed a silent connection"
     assert 9 <= time.monotonic() - start < 20
     silent.close()
+
+
+def test_one_users_streams_are_capped(start_daemon, datasets):
+    """--max-streams-per-user 2: a third stream of the same user is refused
+    RESOURCE_EXHAUSTED naming the cap and the user's count, and the two keep
+    streaming exact epochs; once one has ended, a new one opens."""
+    r = datasets.main
+    d = start_daemon(*ALONE, "--max-streams-per-user", "2")
+    with shardcast.Client(d.address) as c:
+        first = c.stream(r.id, layer=6, batch_size=64, epochs=1, seed=1)
+        second = c.stream(r.id, layer=6, batch_size=64, epochs=1, seed=2)
+        rows = [[], []]
+        for i, s in enumerate((first, second)):  # both open and streaming
+            rows[i].extend(r.batch_rows(next(iter(s)), 6))
+        try:
+            with c.stream(r.id, layer=6, batch_size=64, epochs=1, seed=3) as third:
+                next(iter(third))
+            raise AssertionError("a third stream was served")
+        except shardcast.Error as e:
+            assert e.code == "RESOURCE_EXHAUSTED", (e.code, e.message)
+            assert f"uid {os.getuid()} has 2 streams open" in e.message, e.message
+            assert "--max-streams-per-user 2" in e.message, e.message
+        for i, s in enumerate((first, second)):
+            rows[i].extend(epoch(r, s, 6))
+            assert_exact_epoch(rows[i], r.selection(6))
+            s.close()
+        with c.stream(r.id, layer=6, batch_size=64, epochs=1, seed=4) as again:
+            assert_exact_epoch(epoch(r, again, 6), r.selection(6))
