@@ -35,6 +35,11 @@ struct ScanStatus {
   int64_t position = 0;
   uint64_t blocks_read = 0;
   uint64_t bytes_read = 0;
+  /// Sweeps: the shares, those read here, and what peers delivered.
+  int64_t shares = 1;
+  int64_t shares_read_here = 1;
+  uint64_t blocks_from_peers = 0;
+  uint64_t bytes_from_peers = 0;
   std::vector<SubscriberStatus> subscribers;
 };
 

@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/file.h"
 #include "common/base/log.h"
 #include "common/base/random.h"
 #include "common/base/status.h"
@@ -155,7 +157,9 @@ IndexSet SharedScan::BaseSet(const SubscriberSpec& spec) const {
 
 void SharedScan::Need(Subscriber& s, IndexSet blocks) {
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
-    if (blocks.Has(b)) ++need_count_[static_cast<size_t>(b)];
+    if (!blocks.Has(b)) continue;
+    ++need_count_[static_cast<size_t>(b)];
+    if (ReadHere(b)) ++disk_need_;
   }
   total_need_ += blocks.count();
   s.needed = std::move(blocks);
@@ -166,6 +170,7 @@ void SharedScan::Need(Subscriber& s, int64_t block) {
   s.needed.Set(block);
   ++need_count_[static_cast<size_t>(block)];
   ++total_need_;
+  if (ReadHere(block)) ++disk_need_;
 }
 
 void SharedScan::Unneed(Subscriber& s, int64_t block) {
@@ -173,6 +178,7 @@ void SharedScan::Unneed(Subscriber& s, int64_t block) {
   s.needed.Clear(block);
   --need_count_[static_cast<size_t>(block)];
   --total_need_;
+  if (ReadHere(block)) --disk_need_;
 }
 
 void SharedScan::DropNeeds(Subscriber& s) {
@@ -354,6 +360,11 @@ absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
       ReleaseOver(s, s.queue.front());  // only with lag_blocks 0
       s.queue.pop_front();
       Settle(s);
+      if (deliver_waker_) {  // and a peer's feed waiting for room
+        std::function<void()> w = std::move(deliver_waker_);
+        deliver_waker_ = nullptr;
+        w();
+      }
     } else if ((s.queue.empty() || s.queue.front().epoch > epoch) &&
                (s.deliver_epoch > epoch || s.needed.count() == 0)) {
       t.kind = Take::kDelivered;
@@ -434,32 +445,21 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
   // when it has nothing to read, so the delay's end wakes the subscribers.
   DeliveringLocked();
   if (subs_.empty()) return nullptr;
-  const size_t lag = static_cast<size_t>(options_.lag_blocks);
   // Bounded: a starving subscriber needs some block, which it can take, so
   // one full cycle always finds a block to read or a reason to wait.
   for (int64_t steps = 0; steps <= 2 * layout_.num_blocks + 1; ++steps) {
-    if (total_need_ == 0) return nullptr;
+    if (disk_need_ == 0) return nullptr;  // (the rest comes from peers)
     if (position_ >= layout_.num_blocks) {
       ++cycle_;
       NewCycle();
     }
     const int64_t b = order_[static_cast<size_t>(position_)];
-    if (need_count_[static_cast<size_t>(b)] == 0) {
+    if (need_count_[static_cast<size_t>(b)] == 0 || !ReadHere(b)) {
       ++position_;
       continue;
     }
     bool any_room = false;
-    int64_t full = 0;  // needers a full lag bound behind
-    for (const auto& [id, s] : subs_) {
-      if (!s.needed.Has(b)) continue;
-      const bool room = s.queue.size() < lag;
-      any_room = any_room || room;
-      if (!room) ++full;
-    }
-    // Full needers may still take it with spare reservoir memory: one unit
-    // for the block, however many of them hold it.
-    const bool all_room = full == 0 || reservoir_->overflow_available() >= 1;
-    if (!all_room) {
+    if (!RoomFor(b, &any_room)) {
       // Someone who needs this block is a full lag bound behind. Wait for
       // it, unless another subscriber is starving: then leave the laggard
       // to a later cycle.
@@ -494,25 +494,163 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
     }
     std::unique_ptr<BlockRead> read = std::move(*made);
     ++position_;
-    const uint64_t read_id = next_read_id_++;
-    read->tag = read_id;
-    if (static_cast<int64_t>(resident_.size()) > 2 * reservoir_->num_slots()) {
-      for (auto it = resident_.begin(); it != resident_.end();) {
-        it = it->second.data.expired() && pending_.count(it->first) == 0
-                 ? resident_.erase(it)
-                 : std::next(it);
-      }
-    }
-    resident_[read_id] = {b, block};
-    pending_[read_id] = std::move(block);
-    for (auto& [id, s] : subs_) {
-      if (s.needed.Has(b) && !Enqueue(s, read_id, b, nullptr)) ++s.skipped;
-    }
+    read->tag = Issue(b, block, /*ready=*/false);
+    pending_[read->tag] = std::move(block);  // until ReadDone
     return read;
   }
   LogError("scan of ", dataset_, ": no block to read although ", total_need_,
            " are needed (bug); waiting");
   return nullptr;
+}
+
+bool SharedScan::RoomFor(int64_t b, bool* any_room) const {
+  const size_t lag = static_cast<size_t>(options_.lag_blocks);
+  *any_room = false;
+  int64_t full = 0;  // needers a full lag bound behind
+  for (const auto& [id, s] : subs_) {
+    if (!s.needed.Has(b)) continue;
+    const bool room = s.queue.size() < lag;
+    *any_room = *any_room || room;
+    if (!room) ++full;
+  }
+  // Full needers may still take it with spare reservoir memory: one unit
+  // for the block, however many of them hold it.
+  return full == 0 || reservoir_->overflow_available() >= 1;
+}
+
+uint64_t SharedScan::Issue(int64_t b, std::shared_ptr<Block> block,
+                           bool ready) {
+  const uint64_t read_id = next_read_id_++;
+  if (static_cast<int64_t>(resident_.size()) > 2 * reservoir_->num_slots()) {
+    for (auto it = resident_.begin(); it != resident_.end();) {
+      it = it->second.data.expired() && pending_.count(it->first) == 0
+               ? resident_.erase(it)
+               : std::next(it);
+    }
+  }
+  resident_[read_id] = {b, block};
+  for (auto& [id, s] : subs_) {
+    if (!s.needed.Has(b)) continue;
+    if (!Enqueue(s, read_id, b, ready ? block : nullptr)) {
+      ++s.skipped;
+    } else if (ready && s.queue.front().data != nullptr) {
+      Wake(s);
+    }
+  }
+  return read_id;
+}
+
+void SharedScan::set_shares(int64_t count, int64_t own) {
+  MutexLock lock(&mu_);
+  share_count_ = std::max<int64_t>(1, count);
+  read_here_.assign(static_cast<size_t>(share_count_), false);
+  read_here_[static_cast<size_t>(own % share_count_)] = true;
+  disk_need_ = 0;
+  for (int64_t b = 0; b < layout_.num_blocks; ++b) {
+    if (ReadHere(b)) disk_need_ += need_count_[static_cast<size_t>(b)];
+  }
+}
+
+void SharedScan::ReadShare(int64_t share) {
+  {
+    MutexLock lock(&mu_);
+    if (share < 0 || share >= share_count_ ||
+        read_here_[static_cast<size_t>(share)]) {
+      return;
+    }
+    read_here_[static_cast<size_t>(share)] = true;
+    int64_t needed = 0;
+    for (int64_t b = share; b < layout_.num_blocks; b += share_count_) {
+      needed += need_count_[static_cast<size_t>(b)];
+    }
+    disk_need_ += needed;
+    LogWarning("scan of ", dataset_, " (", selection_name_, "): reading share ",
+               share, " of ", share_count_,
+               " here from now on (its peer is lost); ", needed,
+               " block need(s) of it are still open");
+  }
+  wake_reads_();
+}
+
+bool SharedScan::ReadsShare(int64_t share) const {
+  MutexLock lock(&mu_);
+  return share >= 0 && share < share_count_ &&
+         read_here_[static_cast<size_t>(share)];
+}
+
+absl::StatusOr<Delivery> SharedScan::Deliver(int64_t b,
+                                             absl::string_view vectors,
+                                             std::function<void()> waker) {
+  if (b < 0 || b >= layout_.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ", b, " is not one of the selection's ", layout_.num_blocks));
+  }
+  const uint64_t bytes =
+      static_cast<uint64_t>(layout_.vectors(b)) * layout_.vector_bytes;
+  if (vectors.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", b, " has ", bytes,
+                                                   " bytes of vectors, not ",
+                                                   vectors.size()));
+  }
+  std::shared_ptr<Block> block;  // released after the lock, if unclaimed
+  MutexLock lock(&mu_);
+  if (ReadHere(b)) {
+    // Asked of no peer (or taken over since): the peer is out of step.
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", b, " is of share ", b % share_count_,
+                     ", which this daemon reads itself"));
+  }
+  if (need_count_[static_cast<size_t>(b)] == 0) return Delivery::kUnneeded;
+  bool any_room = false;
+  if (!RoomFor(b, &any_room)) {
+    // As for a read: wait for the laggard unless someone else is starving;
+    // then the laggard gets the block on a later cycle.
+    bool starving = false;
+    for (const auto& [id, s] : subs_) starving = starving || Starving(s);
+    if (!starving) {
+      deliver_waker_ = std::move(waker);
+      return Delivery::kFull;
+    }
+    if (!any_room) {
+      for (auto& [id, s] : subs_) {
+        if (s.needed.Has(b)) ++s.skipped;
+      }
+      return Delivery::kUnneeded;
+    }
+  }
+  const std::optional<int32_t> slot = reservoir_->TryAcquire();
+  if (!slot.has_value()) {
+    deliver_waker_ = std::move(waker);
+    return Delivery::kFull;
+  }
+  block = std::make_shared<Block>();
+  block->id = b;
+  block->first_vector = layout_.first_vector(b);
+  block->vectors = layout_.vectors(b);
+  block->vector_bytes = layout_.vector_bytes;
+  block->reservoir = reservoir_;
+  block->slot = *slot;
+  block->data = reservoir_->slot_data(*slot);
+  std::memcpy(block->data, vectors.data(), vectors.size());
+  if (reader_->info().has_labels && block->vectors > 0) {
+    // The labels are not sent: they are this daemon's to read (a few
+    // bytes per example).
+    const Selection& sel = layout_.sel;
+    const int64_t k = sel.vectors_per_row;
+    const int64_t first = sel.example_of(block->first_vector / k);
+    const int64_t last =
+        sel.example_of((block->first_vector + block->vectors - 1) / k);
+    const uint64_t c = static_cast<uint64_t>(reader_->desc().content_tokens);
+    block->first_example = first;
+    block->labels.resize(static_cast<size_t>(last - first + 1) * c);
+    RETURN_IF_ERROR(PreadFull(reader_->labels_fd(), block->labels.data(),
+                              block->labels.size(),
+                              static_cast<uint64_t>(first) * c, labels_path_));
+  }
+  ++blocks_delivered_;
+  bytes_delivered_ += bytes;
+  Issue(b, std::move(block), /*ready=*/true);
+  return Delivery::kTaken;
 }
 
 absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
@@ -686,6 +824,10 @@ ScanStatus SharedScan::Status() const {
   st.position = position_;
   st.blocks_read = blocks_read_;
   st.bytes_read = bytes_read_;
+  st.shares = share_count_;
+  st.shares_read_here = std::count(read_here_.begin(), read_here_.end(), true);
+  st.blocks_from_peers = blocks_delivered_;
+  st.bytes_from_peers = bytes_delivered_;
   for (const auto& [id, s] : subs_) {
     SubscriberStatus ss;
     ss.id = id;

@@ -228,6 +228,13 @@ struct Take {
   BlockRef block;
 };
 
+/// What becomes of a block a peer delivers (SharedScan::Deliver).
+enum class Delivery {
+  kTaken,     // handed to the subscribers that need it
+  kUnneeded,  // nobody needs it now: dropped (a later cycle brings it)
+  kFull,      // no room now: deliver it again after the waker, or shortly
+};
+
 /// One shared scan. Created and owned by ScanRegistry; thread-safe.
 class SharedScan final : public BlockSource,
                          public std::enable_shared_from_this<SharedScan> {
@@ -262,6 +269,30 @@ class SharedScan final : public BlockSource,
   void set_maps(std::shared_ptr<const ShardMaps> maps) {
     maps_ = std::move(maps);
   }
+
+  /// Sweeps (docs/sweeps.md): the blocks are dealt in `count` shares
+  /// (block b is share b mod count, as node groups split them) and this
+  /// scan reads only share `own` from disk; the others' blocks come from
+  /// the peers that read them, through Deliver. Set once, before the scan is
+  /// shared. Default: one share, read here.
+  void set_shares(int64_t count, int64_t own);
+  int64_t share_count() const { return share_count_; }
+  /// From now on this scan reads share `share` itself (its peer is lost):
+  /// what its subscribers still need of it is read here, the rest of the
+  /// pass included. Logged; status counts the shares read here.
+  void ReadShare(int64_t share) ABSL_LOCKS_EXCLUDED(mu_);
+  bool ReadsShare(int64_t share) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Block `block` of a share a peer reads, as its `vectors` (the block's
+  /// vectors in order, vectors(block) x vector_bytes) and, for a dataset
+  /// with labels, read here: copied into a slot and queued for the
+  /// subscribers that need it, like a block read here. INVALID_ARGUMENT for
+  /// a block out of range, of a share read here, or of the wrong size (the
+  /// peer is to be dropped). On kFull, `waker` is called (with the scan's
+  /// lock held) when a subscriber takes a block; the reservoir may free a
+  /// slot without it, so deliver again after a short wait too.
+  absl::StatusOr<Delivery> Deliver(int64_t block, absl::string_view vectors,
+                                   std::function<void()> waker)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Adds a subscriber; returns its id.
   uint64_t Subscribe(SubscriberSpec spec) ABSL_LOCKS_EXCLUDED(mu_);
@@ -343,6 +374,17 @@ class SharedScan final : public BlockSource,
   void FailNeeders(int64_t b, const absl::Status& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Starving(const Subscriber& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Whether block `b` is read here (its share is), not delivered.
+  bool ReadHere(int64_t b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return read_here_[static_cast<size_t>(b % share_count_)];
+  }
+  /// Whether every needer of `b` has queue room or overflow can take it.
+  bool RoomFor(int64_t b, bool* any_room) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// Registers a block that is read now (`block` being read, or delivered
+  /// with its data) and queues it for its needers; its read id.
+  uint64_t Issue(int64_t b, std::shared_ptr<Block> block, bool ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Unmarks the entries of `s` that are within its lag bound again (its
   /// queue shrank), returning the overflow units nobody else holds.
   void Settle(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -388,6 +430,13 @@ class SharedScan final : public BlockSource,
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;  // start_at_ has passed
   std::vector<int32_t> need_count_ ABSL_GUARDED_BY(mu_);  // per block
   int64_t total_need_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sweeps: shares, and which are read here; the needs of blocks read here.
+  int64_t share_count_ = 1;
+  std::vector<bool> read_here_ ABSL_GUARDED_BY(mu_) = {true};
+  int64_t disk_need_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocks_delivered_ ABSL_GUARDED_BY(mu_) = 0;  // by peers
+  uint64_t bytes_delivered_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> deliver_waker_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> order_ ABSL_GUARDED_BY(mu_);  // this cycle's permutation
   int64_t cycle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t position_ ABSL_GUARDED_BY(mu_) = 0;

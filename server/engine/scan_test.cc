@@ -530,5 +530,165 @@ TEST_F(ScanTest, LeavingReleasesQueuedBlocksAndWhatOnlyTheLeaverNeeded) {
   EXPECT_EQ(reservoir_->slots_in_use(), 0);
 }
 
+// Sweeps: two scans of one selection, each reading one of two shares and
+// taking the other's blocks from the other scan's peer subscriber (what the
+// daemons' feeds carry). Each local subscriber gets every block once, with
+// the right contents, and the blocks are read from disk once in total.
+class SweepScanTest : public ScanTest {
+ protected:
+  // The scans of shares 0 and 1, a local subscriber on each and a peer
+  // subscriber (its share, one epoch) on each.
+  void MakeSweep(int64_t lag_blocks = 64) {
+    MakeReservoir(8, 128);
+    for (int64_t i = 0; i < 2; ++i) {
+      scan_[i] = MakeScan(/*seed=*/5, lag_blocks);
+      scan_[i]->set_shares(2, i);
+      local_[i] = Subscribe(*scan_[i], 1);
+      SubscriberSpec peer;
+      peer.peer = "peer";
+      peer.node_rank = i;
+      peer.node_count = 2;
+      peer.epochs = 1;
+      peer_[i] = scan_[i]->Subscribe(std::move(peer));
+    }
+  }
+
+  // Moves what peer subscriber i holds to the other scan; how many. Stops
+  // at `limit` blocks.
+  int64_t Relay(int64_t i, int64_t limit = 1 << 30) {
+    int64_t n = 0;
+    while (n < limit) {
+      Take::Kind kind;
+      BlockRef b = TakeNext(*scan_[i], peer_[i], 0, &kind);
+      if (b == nullptr) return n;
+      auto d = scan_[1 - i]->Deliver(
+          b->id,
+          absl::string_view(b->data, static_cast<size_t>(b->vectors) * kD * 4),
+          [] {});
+      EXPECT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ(*d, Delivery::kTaken);
+      ++n;
+    }
+    return n;
+  }
+
+  // Takes what local subscriber i has; false when its epoch is delivered.
+  bool TakeLocal(int64_t i) {
+    while (true) {
+      Take::Kind kind;
+      BlockRef b = TakeNext(*scan_[i], local_[i], 0, &kind);
+      if (kind == Take::kDelivered) return false;
+      if (b == nullptr) return true;
+      got_[i].push_back(b->id);
+    }
+  }
+
+  std::shared_ptr<SharedScan> scan_[2];
+  uint64_t local_[2] = {0, 0}, peer_[2] = {0, 0};
+  std::vector<int64_t> got_[2];
+};
+
+TEST_F(SweepScanTest, EachScanReadsItsShareAndTakesTheOtherFromItsPeer) {
+  MakeSweep();
+  const int64_t n = scan_[0]->layout().num_blocks;
+  bool open[2] = {true, true};
+  for (int guard = 0; guard < 10000 && (open[0] || open[1]); ++guard) {
+    for (int64_t i = 0; i < 2; ++i) {
+      ServeOneRead(*scan_[i]);
+      Relay(i);
+    }
+    for (int64_t i = 0; i < 2; ++i) open[i] = TakeLocal(i);
+  }
+  ASSERT_FALSE(open[0] || open[1]) << "the epochs never ended";
+  for (int64_t i = 0; i < 2; ++i) {
+    std::vector<int64_t> sorted = got_[i];
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, Iota(n)) << "scan " << i;
+    const ScanStatus st = scan_[i]->Status();
+    // Its own share from disk, the other's from the peer.
+    EXPECT_EQ(static_cast<int64_t>(st.blocks_read), (n + 1 - i) / 2);
+    EXPECT_EQ(static_cast<int64_t>(st.blocks_from_peers), n - (n + 1 - i) / 2);
+    EXPECT_EQ(st.shares, 2);
+    EXPECT_EQ(st.shares_read_here, 1);
+  }
+  EXPECT_EQ(reads_, n) << "the blocks were read once in total";
+}
+
+TEST_F(SweepScanTest, ALostPeersShareIsReadHereWithNoBlockLostOrTwice) {
+  MakeSweep();
+  const int64_t n = scan_[0]->layout().num_blocks;
+  // Share 1's scan reads and relays three blocks, then is lost.
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(ServeOneRead(*scan_[1]));
+  ASSERT_EQ(Relay(1), 3);
+  EXPECT_FALSE(scan_[0]->ReadsShare(1));
+  scan_[0]->ReadShare(1);
+  EXPECT_TRUE(scan_[0]->ReadsShare(1));
+  const int64_t before = reads_;
+  for (int guard = 0; guard < 1000 && TakeLocal(0); ++guard) {
+    ServeOneRead(*scan_[0]);
+  }
+  std::vector<int64_t> sorted = got_[0];
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, Iota(n));
+  // Scan 0 read all but the three blocks it was given.
+  EXPECT_EQ(reads_ - before, n - 3);
+  // A block of a share read here is refused: the peer is out of step.
+  auto late = scan_[0]->Deliver(1, std::string(8 * kD * 4, '\0'), [] {});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SweepScanTest, ADeliveryOutOfBoundsIsRefusedAndAnUnneededOneDropped) {
+  MakeSweep();
+  const int64_t n = scan_[0]->layout().num_blocks;
+  const std::string block(8 * kD * 4, '\0');
+  for (int64_t b : {int64_t{-1}, n, int64_t{1} << 40}) {
+    auto d = scan_[0]->Deliver(b, block, [] {});
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << b;
+  }
+  // Wrong sizes: short, long, and the last block's (shorter) size.
+  for (size_t bytes : {block.size() - 4, block.size() + 4, size_t{0}}) {
+    auto d = scan_[0]->Deliver(1, std::string(bytes, '\0'), [] {});
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bytes;
+  }
+  // Share 0 is read here.
+  EXPECT_EQ(scan_[0]->Deliver(0, block, [] {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nobody needs block 1 once the local subscriber has it: dropped.
+  ASSERT_EQ(*scan_[0]->Deliver(1, block, [] {}), Delivery::kTaken);
+  EXPECT_EQ(*scan_[0]->Deliver(1, block, [] {}), Delivery::kUnneeded);
+}
+
+TEST_F(SweepScanTest, ADeliveryWaitsForALaggardAndItsWakerRunsWhenItTakes) {
+  MakeSweep(/*lag_blocks=*/1);
+  // Fill the local subscriber's queue (one block: its lag bound), reserve
+  // the reservoir and take every free slot, so that no overflow can be
+  // lent.
+  const std::string one(8 * kD * 4, '\0');
+  ASSERT_EQ(*scan_[0]->Deliver(1, one, [] {}), Delivery::kTaken);
+  std::vector<int32_t> held;
+  while (std::optional<int32_t> slot = reservoir_->TryAcquire()) {
+    held.push_back(*slot);
+  }
+  ASSERT_TRUE(reservoir_->Reserve(reservoir_->num_slots(), "test").ok());
+  ASSERT_EQ(reservoir_->overflow_available(), 0);
+  bool woken = false;
+  ASSERT_EQ(*scan_[0]->Deliver(3, one, [&woken] { woken = true; }),
+            Delivery::kFull);
+  EXPECT_FALSE(woken);
+  Take::Kind kind;
+  auto t = scan_[0]->TakeBlock(local_[0], 0, [] {});
+  ASSERT_TRUE(t.ok());
+  kind = t->kind;
+  EXPECT_EQ(kind, Take::kBlock);
+  EXPECT_TRUE(woken);
+  // Room in the queue, but no free slot yet.
+  EXPECT_EQ(*scan_[0]->Deliver(3, one, [] {}), Delivery::kFull);
+  reservoir_->Release(held.back());
+  held.pop_back();
+  EXPECT_EQ(*scan_[0]->Deliver(3, one, [] {}), Delivery::kTaken);
+  for (int32_t slot : held) reservoir_->Release(slot);
+  reservoir_->Unreserve(reservoir_->num_slots());
+}
+
 }  // namespace
 }  // namespace shardcast
