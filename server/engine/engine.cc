@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Start(EngineOptions options) {
   scans.reads = e->options_.reads;
   scans.scans = e->options_.scans;
   scans.gather_helpers = e->options_.gather_helpers;
+  scans.on_sweep_scan = e->options_.on_sweep_scan;
   ASSIGN_OR_RETURN(e->scans_, ScanRegistry::Start(scans));
   e->leases_ =
       std::make_unique<LeasePool>(e->scans_.get(), e->scans_->reservoir());
@@ -158,6 +159,35 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   source->SetTransform(std::move(transform));
   return std::make_unique<SealedSource>(std::move(source), &tokens_,
                                         std::move(counted));
+}
+
+absl::StatusOr<std::unique_ptr<ShareFeed>> Engine::OpenShareFeed(
+    const std::string& dataset, StreamSpec spec, uint64_t seed,
+    const std::string& peer) {
+  if (spec.sweep_shares < 2 || spec.sweep_share < 0 ||
+      spec.sweep_share >= spec.sweep_shares) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a share feed names a share of a sweep (sweep share ",
+                     spec.sweep_share, " of ", spec.sweep_shares, ")"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
+                   catalog_->Resolve(dataset));
+  spec.epochs = 1;  // a pass
+  spec.rank = 0;
+  spec.world_size = 1;
+  RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &spec));
+  SubscriberSpec sub;
+  sub.peer = peer;
+  sub.client = absl::StrCat("share ", spec.sweep_share);
+  sub.node_rank = spec.sweep_share;
+  sub.node_count = spec.sweep_shares;
+  sub.epochs = 1;
+  sub.borrow = false;
+  const std::string id = reader->info().dir_name;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ScanRegistry::Subscription> s,
+      scans_->Subscribe(std::move(reader), id, spec, seed, std::move(sub)));
+  return std::make_unique<ShareFeed>(std::move(s), spec.sweep_share);
 }
 
 absl::StatusOr<std::shared_ptr<void>> Engine::CountStream(

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "server/engine/resume_token.h"
 #include "server/engine/scan.h"
 #include "server/engine/selection.h"
+#include "server/engine/sweep.h"
 
 namespace shardcast {
 
@@ -61,6 +63,8 @@ struct EngineOptions {
   /// cap. Each stream reserves reservoir blocks: on a node shared by many
   /// users, one user's streams cannot take every reservation.
   int64_t max_streams_per_owner = 0;
+  /// Sweeps: called when a sweep scan starts (ScanRegistry::Options).
+  std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan;
 };
 
 /// How a stream visits its selection.
@@ -190,6 +194,16 @@ class Engine {
   /// owner's count and --max-streams-per-user past that cap).
   absl::StatusOr<std::unique_ptr<BatchSource>> OpenStream(
       StreamOptions options);
+
+  /// Sweeps: one pass over the blocks of share `spec.sweep_share` of
+  /// `spec.sweep_shares` of the selection `spec` names (layer, tokens) in
+  /// `dataset`, for a peer node: a subscription on this daemon's sweep scan
+  /// of that share (which it starts if no local stream has). `peer` names
+  /// it in status and logs.
+  /// Errors as OpenStream's; INVALID_ARGUMENT when spec is no sweep.
+  absl::StatusOr<std::unique_ptr<ShareFeed>> OpenShareFeed(
+      const std::string& dataset, StreamSpec spec, uint64_t seed,
+      const std::string& peer);
 
   /// Leases `bytes` of the reservoir for memory a transport holds (whole
   /// pages; the leases share blocks, LeasePool). RESOURCE_EXHAUSTED naming

@@ -159,6 +159,7 @@ void SharedScan::Need(Subscriber& s, IndexSet blocks) {
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
     if (!blocks.Has(b)) continue;
     ++need_count_[static_cast<size_t>(b)];
+    ++share_need_[static_cast<size_t>(b % share_count_)];
     if (ReadHere(b)) ++disk_need_;
   }
   total_need_ += blocks.count();
@@ -170,6 +171,7 @@ void SharedScan::Need(Subscriber& s, int64_t block) {
   s.needed.Set(block);
   ++need_count_[static_cast<size_t>(block)];
   ++total_need_;
+  ++share_need_[static_cast<size_t>(block % share_count_)];
   if (ReadHere(block)) ++disk_need_;
 }
 
@@ -178,6 +180,7 @@ void SharedScan::Unneed(Subscriber& s, int64_t block) {
   s.needed.Clear(block);
   --need_count_[static_cast<size_t>(block)];
   --total_need_;
+  --share_need_[static_cast<size_t>(block % share_count_)];
   if (ReadHere(block)) --disk_need_;
 }
 
@@ -198,7 +201,7 @@ bool SharedScan::Enqueue(Subscriber& s, uint64_t read_id, int64_t block,
   Queued q{read_id, block, s.deliver_epoch, std::move(data)};
   const bool beyond_lag =
       static_cast<int64_t>(s.queue.size()) >= options_.lag_blocks;
-  if (beyond_lag && !HoldOver(s, q)) return false;
+  if (beyond_lag && (!s.spec.borrow || !HoldOver(s, q))) return false;
   Unneed(s, block);
   s.queue.push_back(std::move(q));
   ++s.delivered;
@@ -506,16 +509,18 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
 bool SharedScan::RoomFor(int64_t b, bool* any_room) const {
   const size_t lag = static_cast<size_t>(options_.lag_blocks);
   *any_room = false;
-  int64_t full = 0;  // needers a full lag bound behind
+  int64_t full = 0;        // needers a full lag bound behind
+  bool full_feed = false;  // one of them may not borrow (a peer's feed)
   for (const auto& [id, s] : subs_) {
     if (!s.needed.Has(b)) continue;
     const bool room = s.queue.size() < lag;
     *any_room = *any_room || room;
     if (!room) ++full;
+    if (!room && !s.spec.borrow) full_feed = true;
   }
   // Full needers may still take it with spare reservoir memory: one unit
   // for the block, however many of them hold it.
-  return full == 0 || reservoir_->overflow_available() >= 1;
+  return full == 0 || (!full_feed && reservoir_->overflow_available() >= 1);
 }
 
 uint64_t SharedScan::Issue(int64_t b, std::shared_ptr<Block> block,
@@ -546,9 +551,19 @@ void SharedScan::set_shares(int64_t count, int64_t own) {
   read_here_.assign(static_cast<size_t>(share_count_), false);
   read_here_[static_cast<size_t>(own % share_count_)] = true;
   disk_need_ = 0;
+  share_need_.assign(static_cast<size_t>(share_count_), 0);
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
-    if (ReadHere(b)) disk_need_ += need_count_[static_cast<size_t>(b)];
+    const int64_t need = need_count_[static_cast<size_t>(b)];
+    share_need_[static_cast<size_t>(b % share_count_)] += need;
+    if (ReadHere(b)) disk_need_ += need;
   }
+}
+
+int64_t SharedScan::ShareNeed(int64_t share) const {
+  MutexLock lock(&mu_);
+  return share >= 0 && share < share_count_
+             ? share_need_[static_cast<size_t>(share)]
+             : 0;
 }
 
 void SharedScan::ReadShare(int64_t share) {
@@ -960,7 +975,8 @@ absl::StatusOr<ShardMaps> MapShards(const DatasetReader& r,
 
 absl::StatusOr<std::unique_ptr<ScanRegistry>> ScanRegistry::Start(
     Options options) {
-  std::unique_ptr<ScanRegistry> r(new ScanRegistry(options.scans));
+  std::unique_ptr<ScanRegistry> r(
+      new ScanRegistry(options.scans, std::move(options.on_sweep_scan)));
   ASSIGN_OR_RETURN(r->reservoir_, Reservoir::Create(options.reservoir));
   options.reads.register_buffers = options.scans.register_buffers;
   ASSIGN_OR_RETURN(r->engine_,
@@ -1001,10 +1017,20 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
       slots, absl::StrCat("shuffle window ", options_.window_blocks,
                           " + lag bound ", options_.lag_blocks)));
   auto subscription = std::make_unique<Subscription>();
-  const std::string key =
-      absl::StrCat(reinterpret_cast<uintptr_t>(reader.get()), "|",
-                   spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all",
-                   "|", static_cast<int>(spec.tokens));
+  const bool sweep = spec.sweep_shares > 1;
+  if (sweep &&
+      (spec.sweep_share < 0 || spec.sweep_share >= spec.sweep_shares)) {
+    reservoir_->Unreserve(slots);
+    return absl::InvalidArgumentError(
+        absl::StrCat("sweep share ", spec.sweep_share, " is not in [0, ",
+                     spec.sweep_shares, ")"));
+  }
+  const std::string key = absl::StrCat(
+      reinterpret_cast<uintptr_t>(reader.get()), "|",
+      spec.layer.has_value() ? absl::StrCat(*spec.layer) : "all", "|",
+      static_cast<int>(spec.tokens),
+      sweep ? absl::StrCat("|sweep ", spec.sweep_share, "/", spec.sweep_shares)
+            : "");
   MutexLock lock(&mu_);
   auto it = scans_.find(key);
   if (it == scans_.end()) {
@@ -1117,8 +1143,10 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
                                        : "buffered");
     scan->set_maps(std::move(maps));
     scan->set_pressure_listener([this] { ReclaimUnderPressure(); });
+    if (sweep) scan->set_shares(spec.sweep_shares, spec.sweep_share);
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
+    if (sweep && on_sweep_scan_) on_sweep_scan_(scan);
     LogInfo("scan of ", dataset, " (", scan->selection_name(),
             ") started: ", scan->layout().num_blocks, " blocks of ",
             scan->layout().vectors_per_block, " vectors, ",

@@ -215,6 +215,10 @@ struct SubscriberSpec {
   int64_t epochs = 0;                     // 0 = endless
   /// Blocks still needed in `epoch` (a resume token's); empty = all.
   std::optional<IndexSet> needed;
+  /// May hold blocks beyond its lag bound in spare reservoir memory. A
+  /// peer's share feed may not: its backpressure is the network's, and an
+  /// endless feed that borrowed would have the scan read cycles ahead.
+  bool borrow = true;
 };
 
 /// What a client gets when it asks its subscription for the next block.
@@ -282,6 +286,10 @@ class SharedScan final : public BlockSource,
   /// pass included. Logged; status counts the shares read here.
   void ReadShare(int64_t share) ABSL_LOCKS_EXCLUDED(mu_);
   bool ReadsShare(int64_t share) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// How many block needs of share `share` the subscribers have open now: a
+  /// feed asks its peer for more only while this is above 0, so that a
+  /// peer's scan reads no further ahead than this one's subscribers need.
+  int64_t ShareNeed(int64_t share) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Block `block` of a share a peer reads, as its `vectors` (the block's
   /// vectors in order, vectors(block) x vector_bytes) and, for a dataset
   /// with labels, read here: copied into a slot and queued for the
@@ -434,6 +442,7 @@ class SharedScan final : public BlockSource,
   int64_t share_count_ = 1;
   std::vector<bool> read_here_ ABSL_GUARDED_BY(mu_) = {true};
   int64_t disk_need_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> share_need_ ABSL_GUARDED_BY(mu_) = {0};
   uint64_t blocks_delivered_ ABSL_GUARDED_BY(mu_) = 0;  // by peers
   uint64_t bytes_delivered_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> deliver_waker_ ABSL_GUARDED_BY(mu_);
@@ -468,6 +477,11 @@ class ScanRegistry {
     /// Threads helping streams copy their batches (gather_pool.h); -1:
     /// GatherPool::DefaultHelpers of this machine's cores.
     int gather_helpers = -1;
+    /// Called when a sweep scan (StreamSpec::sweep_shares > 1) starts, with
+    /// the registry's lock held: it must only schedule work (the feeds that
+    /// Deliver the peers' shares into it). The scan ends when its last
+    /// subscriber leaves; hold it weakly.
+    std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan;
   };
   /// Makes the reservoir and starts the read engine the scans share (woken
   /// whenever a slot is released). Errors of Reservoir::Create and
@@ -524,7 +538,9 @@ class ScanRegistry {
   std::vector<ScanStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  explicit ScanRegistry(ScanOptions options) : options_(options) {}
+  ScanRegistry(ScanOptions options,
+               std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep)
+      : options_(options), on_sweep_scan_(std::move(on_sweep)) {}
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
   /// Takes back up to `limit` units of overflow lent beyond the
   /// reservations.
@@ -537,6 +553,7 @@ class ScanRegistry {
   std::unique_ptr<ReadEngine> engine_;
   std::unique_ptr<GatherPool> gather_;
   const ScanOptions options_;
+  const std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<SharedScan>> scans_
       ABSL_GUARDED_BY(mu_);

@@ -33,6 +33,12 @@ struct StreamSpec {
   /// 0..N-1 then read the data once in total, not N times.
   int64_t node_rank = 0;
   int64_t node_count = 1;
+  /// Sweeps (docs/sweeps.md): the scan this stream joins reads only share
+  /// `sweep_share` of `sweep_shares` (blocks b with b mod sweep_shares ==
+  /// sweep_share) from disk and is handed the others by the peers that read
+  /// them. The stream still gets every block of its node group. 1: no sweep.
+  int64_t sweep_share = 0;
+  int64_t sweep_shares = 1;
   bool drop_last = false;
   /// Drop content tokens whose label (labels.bin) is in this set. CLS tokens
   /// have no label and are never dropped.
