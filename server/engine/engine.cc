@@ -105,6 +105,13 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   if (o.spec.node_count == 0) {
     o.spec.node_rank = options_.node_rank;
     o.spec.node_count = options_.node_count;
+    if (options_.sweep_shares > 1 && o.order == StreamOrder::kShuffled) {
+      // A sweep: every node's trainers get every block (docs/sweeps.md).
+      o.spec.node_rank = 0;
+      o.spec.node_count = 1;
+      o.spec.sweep_share = options_.sweep_share;
+      o.spec.sweep_shares = options_.sweep_shares;
+    }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<void> counted, CountStream(o.owner));
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
@@ -173,6 +180,7 @@ absl::StatusOr<std::unique_ptr<ShareFeed>> Engine::OpenShareFeed(
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
   spec.epochs = 1;  // a pass
+  spec.batch_size = 1;  // (it has blocks, not batches)
   spec.rank = 0;
   spec.world_size = 1;
   RETURN_IF_ERROR(ValidateStreamSpec(reader->info(), &spec));

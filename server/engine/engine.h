@@ -63,8 +63,13 @@ struct EngineOptions {
   /// cap. Each stream reserves reservoir blocks: on a node shared by many
   /// users, one user's streams cannot take every reservation.
   int64_t max_streams_per_owner = 0;
+  /// Sweeps (docs/sweeps.md): shuffled streams that name no node group
+  /// join a sweep of `sweep_shares` shares whose share `sweep_share` this
+  /// daemon reads (1: no sweep).
+  int64_t sweep_share = 0;
+  int64_t sweep_shares = 1;
   /// Sweeps: called when a sweep scan starts (ScanRegistry::Options).
-  std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan;
+  SweepScanHook on_sweep_scan;
 };
 
 /// How a stream visits its selection.

@@ -197,11 +197,13 @@ void SharedScan::Arm(Subscriber& s) {
 }
 
 bool SharedScan::Enqueue(Subscriber& s, uint64_t read_id, int64_t block,
-                         BlockRef data) {
+                         BlockRef data, bool resident) {
   Queued q{read_id, block, s.deliver_epoch, std::move(data)};
   const bool beyond_lag =
       static_cast<int64_t>(s.queue.size()) >= options_.lag_blocks;
-  if (beyond_lag && (!s.spec.borrow || !HoldOver(s, q))) return false;
+  if (beyond_lag && ((!s.spec.borrow && !resident) || !HoldOver(s, q))) {
+    return false;
+  }
   Unneed(s, block);
   s.queue.push_back(std::move(q));
   ++s.delivered;
@@ -308,7 +310,8 @@ void SharedScan::ClaimResident(Subscriber& s) {
       continue;
     }
     if (s.needed.Has(it->second.block)) {
-      Enqueue(s, it->first, it->second.block, std::move(data));
+      Enqueue(s, it->first, it->second.block, std::move(data),
+              /*resident=*/true);
     }
     ++it;
   }
@@ -1146,7 +1149,7 @@ ScanRegistry::Subscribe(std::shared_ptr<const DatasetReader> reader,
     if (sweep) scan->set_shares(spec.sweep_shares, spec.sweep_share);
     it = scans_.emplace(key, scan).first;
     engine_->Add(scan);
-    if (sweep && on_sweep_scan_) on_sweep_scan_(scan);
+    if (sweep && on_sweep_scan_) on_sweep_scan_(scan, spec, seed);
     LogInfo("scan of ", dataset, " (", scan->selection_name(),
             ") started: ", scan->layout().num_blocks, " blocks of ",
             scan->layout().vectors_per_block, " vectors, ",

@@ -370,7 +370,11 @@ class SharedScan final : public BlockSource,
   /// read) if its queue has room or it can borrow overflow: it no longer
   /// needs the block and moves to its next epoch when that was the last.
   /// False (nothing changed) otherwise.
-  bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data)
+  /// `resident`: a block read before `s` joined (ClaimResident), which even
+  /// a subscriber that may not borrow takes beyond its lag bound with
+  /// spare memory: dropping it would read it again.
+  bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data,
+               bool resident = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Ends `s` with `error` (its first error stays): it needs nothing more,
@@ -465,6 +469,12 @@ class SharedScan final : public BlockSource,
   uint64_t populated_since_trim_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+/// Told of each sweep scan that starts (StreamSpec::sweep_shares > 1): the
+/// scan (its dataset() is the id), the spec of the stream that started it
+/// (selection and shares) and its seed.
+using SweepScanHook = std::function<void(const std::shared_ptr<SharedScan>&,
+                                         const StreamSpec&, uint64_t seed)>;
+
 /// All shared scans of a daemon, keyed by (dataset, selection). Subscribing
 /// joins the scan of that selection or starts one; the last subscriber to
 /// leave ends it. Thread-safe.
@@ -481,7 +491,7 @@ class ScanRegistry {
     /// the registry's lock held: it must only schedule work (the feeds that
     /// Deliver the peers' shares into it). The scan ends when its last
     /// subscriber leaves; hold it weakly.
-    std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan;
+    SweepScanHook on_sweep_scan;
   };
   /// Makes the reservoir and starts the read engine the scans share (woken
   /// whenever a slot is released). Errors of Reservoir::Create and
@@ -538,8 +548,7 @@ class ScanRegistry {
   std::vector<ScanStatus> Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  ScanRegistry(ScanOptions options,
-               std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep)
+  ScanRegistry(ScanOptions options, SweepScanHook on_sweep)
       : options_(options), on_sweep_scan_(std::move(on_sweep)) {}
   void Leave(Subscription* s) ABSL_LOCKS_EXCLUDED(mu_);
   /// Takes back up to `limit` units of overflow lent beyond the
@@ -553,7 +562,7 @@ class ScanRegistry {
   std::unique_ptr<ReadEngine> engine_;
   std::unique_ptr<GatherPool> gather_;
   const ScanOptions options_;
-  const std::function<void(const std::shared_ptr<SharedScan>&)> on_sweep_scan_;
+  const SweepScanHook on_sweep_scan_;
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<SharedScan>> scans_
       ABSL_GUARDED_BY(mu_);

@@ -1,14 +1,13 @@
 #include "server/engine/sweep.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
+#include "common/base/waiter.h"
 
 namespace shardcast {
 
@@ -28,14 +27,9 @@ namespace {
 // Delivers one pass; OK at its end or on `stop`.
 absl::Status DeliverPass(SharedScan& scan, int64_t share,
                          const PassReader& next,
-                         const std::atomic<bool>& stop) {
-  struct Room {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool woken = false;
-  };
-  auto room = std::make_shared<Room>();
-  while (!stop.load()) {
+                         const std::function<bool()>& stop) {
+  Waiter room;  // a waker the scan may call after this returns
+  while (!stop()) {
     ASSIGN_OR_RETURN(std::optional<PeerBlock> got, next());
     if (!got.has_value()) return absl::OkStatus();
     if (got->block < 0 || got->block % scan.share_count() != share) {
@@ -43,23 +37,14 @@ absl::Status DeliverPass(SharedScan& scan, int64_t share,
           absl::StrCat("the peer of share ", share, " sent block ", got->block,
                        ", not of that share"));
     }
-    while (!stop.load()) {
-      {
-        std::lock_guard<std::mutex> lock(room->mu);
-        room->woken = false;
-      }
+    while (!stop()) {
+      room.Reset();
       ASSIGN_OR_RETURN(Delivery d,
-                       scan.Deliver(got->block, got->vectors, [room] {
-                         std::lock_guard<std::mutex> lock(room->mu);
-                         room->woken = true;
-                         room->cv.notify_all();
-                       }));
+                       scan.Deliver(got->block, got->vectors, room.Waker()));
       if (d != Delivery::kFull) break;
       // A subscriber's take wakes this; a slot freed elsewhere does not, so
       // look again shortly either way.
-      std::unique_lock<std::mutex> lock(room->mu);
-      room->cv.wait_for(lock, std::chrono::milliseconds(5),
-                        [&] { return room->woken; });
+      room.Wait(std::chrono::milliseconds(5));
     }
   }
   return absl::OkStatus();
@@ -70,9 +55,9 @@ absl::Status DeliverPass(SharedScan& scan, int64_t share,
 absl::Status FeedScan(
     SharedScan& scan, int64_t share,
     const std::function<absl::StatusOr<PassReader>()>& open_pass,
-    const std::atomic<bool>& stop) {
+    const std::function<bool()>& stop) {
   absl::Status failed;
-  while (!stop.load() && failed.ok()) {
+  while (!stop() && failed.ok()) {
     // Nothing of the share needed here now: a pass would have the peer's
     // scan read for nobody.
     if (scan.ShareNeed(share) == 0) {

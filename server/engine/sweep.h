@@ -57,8 +57,8 @@ struct PeerBlock {
 /// block, nullopt at the end of the pass, or an error (the link failed).
 using PassReader = std::function<absl::StatusOr<std::optional<PeerBlock>>()>;
 
-/// Delivers share `share`, which a peer reads, into `scan` until `stop` is
-/// set: whenever the scan's subscribers need blocks of the share, a pass is
+/// Delivers share `share`, which a peer reads, into `scan` until `stop`
+/// says so: whenever the scan's subscribers need blocks of the share, a pass is
 /// opened with `open_pass` and its blocks delivered (again once there is
 /// room: SharedScan::Deliver). When a pass cannot be opened, fails, or
 /// brings what the scan refuses (a block out of bounds, of the wrong size,
@@ -67,7 +67,7 @@ using PassReader = std::function<absl::StatusOr<std::optional<PeerBlock>>()>;
 absl::Status FeedScan(
     SharedScan& scan, int64_t share,
     const std::function<absl::StatusOr<PassReader>()>& open_pass,
-    const std::atomic<bool>& stop);
+    const std::function<bool()>& stop);
 
 }  // namespace shardcast
 

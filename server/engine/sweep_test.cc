@@ -14,6 +14,7 @@
 
 #include "common/base/file.h"
 #include "common/base/status.h"
+#include "common/base/waiter.h"
 #include "common/testing/testing.h"
 #include "gtest/gtest.h"
 #include "server/engine/engine.h"
@@ -23,28 +24,6 @@ namespace shardcast {
 namespace {
 
 using namespace stream_test;  // NOLINT: test constants and helpers
-
-// Waits for a waker (or gives up after `seconds`).
-struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool woken = false;
-  void Reset() {
-    std::lock_guard<std::mutex> lock(mu);
-    woken = false;
-  }
-  std::function<void()> Waker() {
-    return [this] {
-      std::lock_guard<std::mutex> lock(mu);
-      woken = true;
-      cv.notify_all();
-    };
-  }
-  bool Wait(std::chrono::milliseconds d) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, d, [this] { return woken; });
-  }
-};
 
 class SweepTest : public ::testing::Test {
  protected:
@@ -63,7 +42,8 @@ class SweepTest : public ::testing::Test {
       // As the daemon's --scan-start-delay-ms: the peers' first passes join
       // before any block is handed out, like trainers launched together.
       o.scans.start_delay = std::chrono::milliseconds(200);
-      o.on_sweep_scan = [this, n](const std::shared_ptr<SharedScan>& scan) {
+      o.on_sweep_scan = [this, n](const std::shared_ptr<SharedScan>& scan,
+                                  const StreamSpec&, uint64_t) {
         std::lock_guard<std::mutex> lock(mu_);
         scan_[n] = scan;
       };
@@ -144,7 +124,8 @@ class SweepTest : public ::testing::Test {
             feed, engine_[from]->OpenShareFeed(id_, Spec(from), 0, "peer"));
         return PassReader(next);
       };
-      status_[from] = FeedScan(*scan, from, open_pass, stop_);
+      status_[from] =
+          FeedScan(*scan, from, open_pass, [this] { return stop_.load(); });
       feed.reset();
     });
   }
@@ -162,7 +143,7 @@ class SweepTest : public ::testing::Test {
       EXPECT_TRUE(fill.ok()) << fill.status();
       if (!fill.ok() || *fill == BatchSource::Fill::kEnd) return rows;
       if (*fill == BatchSource::Fill::kPending) {
-        if (!waiter.Wait(std::chrono::seconds(20))) {
+        if (!waiter.Wait(std::chrono::milliseconds(20000))) {
           ADD_FAILURE() << "no block for 20 s";
           return rows;
         }
