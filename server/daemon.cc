@@ -36,6 +36,7 @@
 #include "server/transport/grpc/grpc_wire.h"
 #include "server/transport/grpc/local_acceptor.h"
 #include "server/transport/grpc/payload_router.h"
+#include "server/transport/grpc/peer.h"
 #include "server/transport/http/http_admin.h"
 #include "server/transport/local/batch_regions.h"
 #include "server/transport/local/local_channel.h"
@@ -224,6 +225,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// How this daemon dials its sweep peers: with --tls-cert, mutual TLS (its
+// own certificate; the peers' CA from --tls-client-ca, else the system's);
+// without, plain (ValidateDaemonOptions asked for --insecure-tcp then).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerCredentials(
+    const DaemonOptions& o) {
+  if (o.tls_cert_file.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileToString(o.tls_cert_file));
+  ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileToString(o.tls_key_file));
+  if (!o.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadFileToString(o.tls_client_ca_file));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 // True once gRPC holds no slice of the engine's blocks (ViewsBatchReply),
 // false if some are still held after `timeout`.
 bool WaitForViewSlices(absl::Duration timeout) {
@@ -251,6 +268,9 @@ struct Daemon::Impl {
   // server so that they outlive the payload slices gRPC still holds when
   // the server goes.
   std::unique_ptr<Engine> engine;
+  // Fetch the other nodes' shares into this node's sweep scans: stopped
+  // (declared after) before the engine goes.
+  std::unique_ptr<PeerLinks> peer_links;
   std::unique_ptr<WorkerPool> pool;
   std::unique_ptr<BufferPool> buffers;
   std::unique_ptr<LocalAcceptor> local;  // the Unix socket (null without)
@@ -259,6 +279,7 @@ struct Daemon::Impl {
   std::unique_ptr<LocalChannel> channel;
   std::unique_ptr<PayloadRouter> router;
   std::unique_ptr<AdminService> admin;
+  std::unique_ptr<PeerService> peer_service;  // a sweep's (docs/sweeps.md)
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HttpAdmin> http;
   UniqueFd socket_lock;
@@ -299,6 +320,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (!options.token_key_file.empty()) {
     ASSIGN_OR_RETURN(engine_options.token_key,
                      ReadTokenKey(options.token_key_file));
+  }
+  if (!options.sweep_peers.empty()) {
+    PeerLinksOptions links;
+    links.peers = options.sweep_peers;
+    links.self = options.node_rank;
+    ASSIGN_OR_RETURN(links.credentials, PeerCredentials(options));
+    d->peer_links = std::make_unique<PeerLinks>(std::move(links));
+    engine_options.on_sweep_scan = [links = d->peer_links.get()](
+                                       const std::shared_ptr<SharedScan>& scan,
+                                       const StreamSpec& spec, uint64_t seed) {
+      links->OnSweepScan(scan, spec, seed);
+    };
+    LogInfo("sweep: node ", options.node_rank, " of ",
+            options.sweep_peers.size(), "; peers ",
+            absl::StrJoin(options.sweep_peers, ", "));
   }
   ASSIGN_OR_RETURN(d->engine, Engine::Start(std::move(engine_options)));
   d->pool = std::make_unique<WorkerPool>(options.QueryThreads());
@@ -409,6 +445,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     builder.AddListeningPort(options.tcp_address, tcp_creds, &d->tcp_port);
   }
   builder.RegisterService(d->admin.get());
+  if (!options.sweep_peers.empty()) {
+    d->peer_service = std::make_unique<PeerService>(context);
+    builder.RegisterService(d->peer_service.get());
+  }
   builder.RegisterCallbackGenericService(d->router.get());
   d->server = builder.BuildAndStart();
   if (d->server == nullptr || (tcp_creds != nullptr && d->tcp_port == 0)) {
@@ -490,6 +530,9 @@ void Daemon::Shutdown() {
     LogWarning("grace period over: cancelling ",
                d->metrics.calls_in_flight.load(), " call(s) in flight");
   }
+  // The links to sweep peers: their calls cancelled, their threads joined
+  // (they hold scans).
+  d->peer_links.reset();
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
   // Its reads in flight complete first; calls not yet begun are dropped

@@ -184,6 +184,13 @@ const std::vector<DaemonOption>& Table() {
        "node groups the data is shared out among (1: this node reads all); "
        "give every node's daemon the same N and --block-bytes",
        OptionKind::kInteger, &O::node_count, 1, 1 << 20},
+      {"sweep-peer", "sweep_peers", "HOST:PORT",
+       "a sweep across nodes (docs/sweeps.md): every node's daemon's TCP "
+       "address, in node order, this one's at --node-rank; repeat for each. "
+       "Each daemon reads one share of a selection's blocks and gets the "
+       "others from its peers (Peer service, the TCP listener's TLS), and "
+       "every node's trainers get every vector",
+       OptionKind::kNames, &O::sweep_peers},
       {"lag-blocks", "lag_blocks", "N",
        "blocks a stream may fall behind its shared scan before the scan goes "
        "on without it",
@@ -470,6 +477,11 @@ EngineOptions DaemonOptions::Engine() const {
   e.node_rank = node_rank;
   e.node_count = node_count;
   e.max_streams_per_owner = max_streams_per_user;
+  if (!sweep_peers.empty()) {
+    e.node_rank = 0;
+    e.sweep_share = node_rank;
+    e.sweep_shares = static_cast<int64_t>(sweep_peers.size());
+  }
   return e;
 }
 
@@ -585,7 +597,24 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options) {
                        "--tls-client-ca (mutual TLS)"));
     }
   }
-  if (options.node_rank >= options.node_count) {
+  if (!options.sweep_peers.empty()) {
+    if (options.node_count != 1) {
+      return absl::InvalidArgumentError(
+          "--sweep-peer and --node-count are two ways to share out the "
+          "blocks: a sweep's node count is its number of peers");
+    }
+    if (options.sweep_peers.size() < 2 ||
+        options.node_rank >= static_cast<int64_t>(options.sweep_peers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a sweep names every node's daemon (this one's too) with "
+          "--sweep-peer, at least 2, and --node-rank below their number (",
+          options.sweep_peers.size(), ")"));
+    }
+    if (options.tcp_address.empty()) {
+      return absl::InvalidArgumentError(
+          "a sweep needs --listen-tcp: peers fetch this node's share there");
+    }
+  } else if (options.node_rank >= options.node_count) {
     return absl::InvalidArgumentError(
         absl::StrCat("--node-rank ", options.node_rank,
                      " must be below --node-count ", options.node_count));

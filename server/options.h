@@ -128,6 +128,10 @@ struct DaemonOptions {
   /// all of them).
   int64_t node_rank = 0;
   int64_t node_count = 1;
+  /// Sweeps (docs/sweeps.md): every node's daemon, by its TCP address, in
+  /// node order; this daemon is the --node-rank-th and reads that share.
+  /// Empty: no sweep.
+  std::vector<std::string> sweep_peers;
 
   /// The engine's part of these settings.
   EngineOptions Engine() const;

@@ -435,5 +435,44 @@ TEST_F(OptionsTest, IncoherentTlsFlagsAreUsageErrors) {
   EXPECT_NE(message().find("--listen-tcp"), std::string::npos) << message();
 }
 
+// A sweep names every node's daemon with --sweep-peer (this one's too, at
+// --node-rank), needs the TCP listener its peers fetch from, and is not
+// combined with node groups; its streams' shares come from it.
+TEST_F(OptionsTest, ASweepNamesEveryPeerAndNeedsTheTcpListener) {
+  DaemonOptions o;
+  o.roots = {"/data"};
+  o.unix_socket = "/run/s.sock";
+  o.sweep_peers = {"a:1", "b:1", "c:1"};
+  o.node_rank = 2;
+  const absl::Status no_tcp = ValidateDaemonOptions(o);
+  EXPECT_NE(no_tcp.message().find("a sweep needs --listen-tcp"),
+            std::string::npos)
+      << no_tcp;
+  o.tcp_address = "0.0.0.0:7000";
+  EXPECT_TRUE(ValidateDaemonOptions(o).ok());
+  const EngineOptions e = o.Engine();
+  EXPECT_EQ(e.sweep_share, 2);
+  EXPECT_EQ(e.sweep_shares, 3);
+  EXPECT_EQ(e.node_rank, 0);
+  EXPECT_EQ(e.node_count, 1);
+  o.node_rank = 3;
+  EXPECT_NE(ValidateDaemonOptions(o).message().find(
+                "--node-rank below their number (3)"),
+            std::string::npos);
+  o.node_rank = 0;
+  o.sweep_peers = {"a:1"};
+  EXPECT_EQ(ValidateDaemonOptions(o).code(),
+            absl::StatusCode::kInvalidArgument);
+  o.sweep_peers = {"a:1", "b:1"};
+  o.node_count = 2;
+  EXPECT_NE(ValidateDaemonOptions(o).message().find(
+                "--sweep-peer and --node-count are two ways"),
+            std::string::npos);
+  auto parsed =
+      ParseDaemonOptions({"--sweep-peer", "a:1", "--sweep-peer", "b:2"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->sweep_peers, (std::vector<std::string>{"a:1", "b:2"}));
+}
+
 }  // namespace
 }  // namespace shardcast

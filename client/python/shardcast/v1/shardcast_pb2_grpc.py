@@ -502,3 +502,82 @@ class Stream(object):
             shardcast_dot_v1_dot_shardcast__pb2.Batch.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class PeerStub(object):
+    """Daemon to daemon, for sweeps across nodes (docs/sweeps.md): each node's
+    daemon reads one share of a selection's blocks (block b is share b mod
+    shares) and sends it to the others, so that the nodes together read the
+    parallel filesystem once. On the TCP listener, with mutual TLS.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SharePass = channel.unary_stream(
+                '/shardcast.v1.Peer/SharePass',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.FromString,
+                )
+
+
+class PeerServicer(object):
+    """Daemon to daemon, for sweeps across nodes (docs/sweeps.md): each node's
+    daemon reads one share of a selection's blocks (block b is share b mod
+    shares) and sends it to the others, so that the nodes together read the
+    parallel filesystem once. On the TCP listener, with mutual TLS.
+    """
+
+    def SharePass(self, request, context):
+        """One pass over share `share` of the sender's sweep scan of the
+        selection: each block of the share once, in the order the scan reads
+        them, as the block's vectors (vectors_per_block x d_model x 4 bytes,
+        fewer in the last block). The sender's scan waits for a slow receiver
+        up to its lag bound (--lag-blocks), then skips it for a block, which a
+        later pass brings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SharePass': grpc.unary_stream_rpc_method_handler(
+                    servicer.SharePass,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'shardcast.v1.Peer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Peer(object):
+    """Daemon to daemon, for sweeps across nodes (docs/sweeps.md): each node's
+    daemon reads one share of a selection's blocks (block b is share b mod
+    shares) and sends it to the others, so that the nodes together read the
+    parallel filesystem once. On the TCP listener, with mutual TLS.
+    """
+
+    @staticmethod
+    def SharePass(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/shardcast.v1.Peer/SharePass',
+            shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

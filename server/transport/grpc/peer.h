@@ -1,0 +1,88 @@
+// Sweeps across nodes on the gRPC wire (docs/sweeps.md): the Peer service
+// that sends this node's share of a sweep scan to another node's daemon,
+// and the links that fetch the other nodes' shares into this node's sweep
+// scans. Both adapt the engine's ShareFeed and FeedScan (server/engine/
+// sweep.h); the wire carries each block's raw vectors.
+#ifndef SHARDCAST_SERVER_TRANSPORT_GRPC_PEER_H_
+#define SHARDCAST_SERVER_TRANSPORT_GRPC_PEER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "common/base/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "server/engine/sweep.h"
+#include "server/transport/grpc/context.h"
+#include "shardcast/v1/shardcast.grpc.pb.h"
+
+namespace shardcast {
+
+/// Peer.SharePass: one pass over a share of this daemon's sweep scan. A
+/// synchronous service: each call holds a thread of gRPC's while it sends,
+/// and a sweep has a handful of peers. The caller must pass the access rule
+/// as a remote client (Engine::CheckAccess).
+class PeerService final : public v1::Peer::Service {
+ public:
+  explicit PeerService(TransportContext context) : context_(context) {}
+  grpc::Status SharePass(grpc::ServerContext* ctx,
+                         const v1::SharePassRequest* request,
+                         grpc::ServerWriter<v1::ShareBlock>* writer) override;
+
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+
+ private:
+  const TransportContext context_;
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+struct PeerLinksOptions {
+  /// Every node's daemon, by TCP address, in node order.
+  std::vector<std::string> peers;
+  int64_t self = 0;  // this node's index in `peers`
+  /// How this daemon authenticates to its peers (mutual TLS: its own
+  /// certificate, the peers' CA).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+/// The links that bring the other nodes' shares into this node's sweep
+/// scans: for each sweep scan that starts, one thread per peer runs
+/// FeedScan, each pass a SharePass call. A link that fails has the scan
+/// read that share itself (logged). Thread-safe.
+class PeerLinks {
+ public:
+  explicit PeerLinks(PeerLinksOptions options);
+  /// Cancels the calls in flight and joins the threads.
+  ~PeerLinks();
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  /// A sweep scan started (Engine's on_sweep_scan; with the registry's lock
+  /// held, so it only starts threads): fetch every other share into it
+  /// until it has no subscribers left.
+  void OnSweepScan(const std::shared_ptr<SharedScan>& scan,
+                   const StreamSpec& spec, uint64_t seed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t bytes_received() const { return bytes_received_.load(); }
+
+ private:
+  void Run(std::weak_ptr<SharedScan> scan, size_t peer,
+           v1::SharePassRequest request);
+
+  const PeerLinksOptions options_;
+  std::vector<std::unique_ptr<v1::Peer::Stub>> stubs_;  // by peer
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> bytes_received_{0};
+  Mutex mu_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardcast
+
+#endif  // SHARDCAST_SERVER_TRANSPORT_GRPC_PEER_H_

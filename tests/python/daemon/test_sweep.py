@@ -1,0 +1,113 @@
+"""Sweeps across nodes (issue 43, docs/sweeps.md): several shardcastd
+daemons, one per simulated node, over one root, told of each other with
+--sweep-peer. Each reads one share of the selection's blocks from disk and
+gets the others from its peers (the Peer service over loopback TCP). Every
+trainer on every node gets every selected vector exactly once per epoch
+(checked against numpy), and the daemons together read the selection once
+from the devices (/proc/<pid>/io read_bytes of each daemon, the kernel's
+count), not once per node.
+"""
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from package_fixtures import (assert_exact_epoch,  # noqa: F401
+                              datasets, package_logs, sockdir, start_daemon)
+from sysprobe import evict, proc_read_bytes
+# 24 examples, layer 12 of content tokens selected: 24 x 127 x 4 KiB vectors.
+from test_node_groups import cold_dataset  # noqa: F401
+from test_scan_io import o_direct_works
+
+import shardcast
+
+TRAINERS = 2
+# 256 KiB blocks: ~50 of them in the selection, so each node reads many.
+DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "256K", "--shuffle-window", "4",
+          "--lag-blocks", "16", "--query-threads", "2", "--scan-start-delay-ms", "300")
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_sweep(start_daemon, root, nodes):
+    ports = free_ports(nodes)
+    peers = []
+    for p in ports:
+        peers += ["--sweep-peer", f"127.0.0.1:{p}"]
+    return [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
+                         "--node-rank", n, *peers, roots=[root], small=False)
+            for n in range(nodes)]
+
+
+def trainer(daemon, ref, layer, seed, out, errors, epochs=1):
+    try:
+        with shardcast.Client(daemon.address) as client:
+            for b in client.stream(ref.id, layer=layer, batch_size=200, seed=seed,
+                                   epochs=epochs, copy=True):
+                out.append((b.epoch, ref.batch_rows(b, layer)))
+    except Exception as e:  # reported by the test thread
+        errors.append(e)
+
+
+def run_trainers(daemons, ref, layer, epochs=1):
+    """TRAINERS trainers on every node at once; their rows by trainer."""
+    results, errors, threads = [], [], []
+    for n, d in enumerate(daemons):
+        for t in range(TRAINERS):
+            out = []
+            results.append(out)
+            threads.append(threading.Thread(
+                target=trainer, args=(d, ref, layer, 100 * n + t, out, errors, epochs)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_sweep_reads_the_selection_once_and_every_trainer_gets_it_all(
+        start_daemon, cold_dataset, nodes):
+    root, ref = cold_dataset
+    if not o_direct_works(ref.path):
+        pytest.skip("the filesystem refuses O_DIRECT: reads would go through the cache")
+    daemons = start_sweep(start_daemon, root, nodes)
+    evict(Path(ref.path).glob("acts*.bin"))
+    before = [proc_read_bytes(d.proc.pid) for d in daemons]
+    results = run_trainers(daemons, ref, 12)
+    read = sum(proc_read_bytes(d.proc.pid) - b for d, b in zip(daemons, before))
+    for out in results:
+        rows = [r for epoch, rows in out for r in rows]
+        assert_exact_epoch(rows, ref.selection(12))
+    selected = len(ref.selection(12)) * ref.D * 4
+    print(f"sweep of {nodes} nodes, {TRAINERS} trainers each: devices read "
+          f"{read / selected:.3f} x the selected bytes")
+    assert read <= 1.05 * selected, (read, selected, read / selected)
+    assert read >= 0.95 * selected, (read, selected, "the devices read less than selected?")
+
+
+def test_a_lost_peers_share_is_read_by_the_others(start_daemon, cold_dataset):
+    """Node 1 of 2 is killed before its peer's trainers start: node 0's link
+    fails, node 0 reads share 1 itself, and its trainers' epochs are exact."""
+    root, ref = cold_dataset
+    daemons = start_sweep(start_daemon, root, 2)
+    daemons[1].proc.kill()
+    daemons[1].proc.wait()
+    results = run_trainers(daemons[:1], ref, 12)
+    for out in results:
+        rows = [r for epoch, rows in out for r in rows]
+        assert_exact_epoch(rows, ref.selection(12))
+    log = Path(daemons[0].log).read_text()
+    assert "is read here from now on" in log, log[-3000:]
+    daemons[1].killed = True  # on purpose: its exit is not a failure
