@@ -111,3 +111,44 @@ def test_a_lost_peers_share_is_read_by_the_others(start_daemon, cold_dataset):
     log = Path(daemons[0].log).read_text()
     assert "is read here from now on" in log, log[-3000:]
     daemons[1].killed = True  # on purpose: its exit is not a failure
+
+
+def test_a_peer_killed_mid_epoch_leaves_every_epoch_exact(start_daemon, cold_dataset):
+    """Node 0's two trainers run 3 epochs; node 1 (no trainers of its own)
+    serves share 1 until it is SIGKILLed in the second epoch. Node 0 reads
+    share 1 itself from then on, says so in its log, and every epoch of its
+    trainers is still exact: no vector lost or twice."""
+    root, ref = cold_dataset
+    daemons = start_sweep(start_daemon, root, 2)
+    killed = threading.Event()
+    results, errors, threads = [], [], []
+
+    def run(seed):
+        out = []
+        results.append(out)
+        try:
+            with shardcast.Client(daemons[0].address) as client:
+                for b in client.stream(ref.id, layer=12, batch_size=200, seed=seed,
+                                       epochs=3, copy=True):
+                    out.append((b.epoch, ref.batch_rows(b, 12)))
+                    if b.epoch == 1 and not killed.is_set():
+                        killed.set()
+                        daemons[1].proc.kill()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    for seed in (1, 2):
+        threads.append(threading.Thread(target=run, args=(seed,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    daemons[1].killed = True  # on purpose: its exit is not a failure
+    assert not errors, errors
+    assert killed.is_set()
+    for out in results:
+        for epoch in range(3):
+            assert_exact_epoch([r for e, rows in out if e == epoch for r in rows],
+                               ref.selection(12))
+    log = Path(daemons[0].log).read_text()
+    assert "is read here from now on" in log, log[-3000:]
