@@ -429,6 +429,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     sources.engine = read != nullptr ? read : &*engine;
     if (daemon->shm != nullptr) sources.shm = daemon->shm->Figures();
     if (daemon->local != nullptr) sources.local = daemon->local->Figures();
+    // The sweep's links (set before any call can ask for figures).
+    const std::vector<std::string>& peers = daemon->options.sweep_peers;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (static_cast<int64_t>(i) == daemon->options.node_rank) continue;
+      PeerFigures p;
+      p.peer = peers[i];
+      if (daemon->peer_links) {
+        p.received_bytes = daemon->peer_links->bytes_received(int64_t(i));
+      }
+      if (daemon->peer_service) {
+        p.sent_bytes = daemon->peer_service->bytes_sent(int64_t(i));
+      }
+      sources.peers.push_back(std::move(p));
+    }
     return CollectFigures(sources);
   };
   d->router = std::make_unique<PayloadRouter>(context);
@@ -446,7 +460,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
   builder.RegisterService(d->admin.get());
   if (!options.sweep_peers.empty()) {
-    d->peer_service = std::make_unique<PeerService>(context);
+    d->peer_service = std::make_unique<PeerService>(
+        context, static_cast<int64_t>(options.sweep_peers.size()));
     builder.RegisterService(d->peer_service.get());
   }
   builder.RegisterCallbackGenericService(d->router.get());
@@ -530,9 +545,6 @@ void Daemon::Shutdown() {
     LogWarning("grace period over: cancelling ",
                d->metrics.calls_in_flight.load(), " call(s) in flight");
   }
-  // The links to sweep peers: their calls cancelled, their threads joined
-  // (they hold scans).
-  d->peer_links.reset();
   d->server->Shutdown(std::chrono::system_clock::now());
   d->server->Wait();
   // Its reads in flight complete first; calls not yet begun are dropped
@@ -554,6 +566,9 @@ void Daemon::Shutdown() {
   }
   // /metrics reads the engine: stop the HTTP endpoint before the engine.
   if (d->http != nullptr) d->http->Stop();
+  // The links to sweep peers (read by /metrics too): their calls cancelled,
+  // their threads joined (they hold scans).
+  d->peer_links.reset();
   // Regions hold reservoir leases: let go of them before the engine.
   d->shm.reset();
   // Every stream has left its scan; stop the engine (it finishes the reads

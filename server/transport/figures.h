@@ -38,6 +38,13 @@ struct ShmFigures {
   int64_t attached = 0;  // in use by a stream
 };
 
+/// A sweep peer's traffic (grpc/peer.h), by its --sweep-peer address.
+struct PeerFigures {
+  std::string peer;
+  uint64_t received_bytes = 0;  // its share's blocks, fetched from it
+  uint64_t sent_bytes = 0;      // this node's share, sent to it
+};
+
 enum class FigureKind { kCounter, kGauge };
 
 /// "counter" or "gauge" (Prometheus' TYPE).
@@ -67,6 +74,7 @@ struct FigureSources {
   const EngineFigures* engine = nullptr;  // required
   ShmFigures shm;                         // zeros without shared memory
   LocalAcceptorFigures local;             // zeros without the Unix socket
+  std::vector<PeerFigures> peers;         // a sweep's (none without)
 };
 
 /// Every declared figure, in declaration order, with its samples now.

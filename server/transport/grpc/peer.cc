@@ -14,6 +14,11 @@ namespace shardcast {
 grpc::Status PeerService::SharePass(
     grpc::ServerContext* ctx, const v1::SharePassRequest* request,
     grpc::ServerWriter<v1::ShareBlock>* writer) {
+  if (request->from_node() < 0 || request->from_node() >= nodes_) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("from_node ", request->from_node(),
+                     " is not a node of this sweep of ", nodes_)));
+  }
   const Caller caller = CallerOf(context_, ctx);
   absl::Status st = CheckCaller(context_, caller, request->dataset());
   if (!st.ok()) return ToGrpcStatus(st);
@@ -57,12 +62,14 @@ grpc::Status PeerService::SharePass(
     if (!writer->Write(out)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the peer went away");
     }
-    bytes_sent_ += bytes;
+    sent_[static_cast<size_t>(request->from_node())] += bytes;
   }
   return grpc::Status(grpc::StatusCode::CANCELLED, "the peer cancelled");
 }
 
-PeerLinks::PeerLinks(PeerLinksOptions options) : options_(std::move(options)) {
+PeerLinks::PeerLinks(PeerLinksOptions options)
+    : options_(std::move(options)),
+      received_(new std::atomic<uint64_t>[options_.peers.size()]()) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a block is up to --block-bytes
   for (size_t i = 0; i < options_.peers.size(); ++i) {
@@ -101,6 +108,7 @@ void PeerLinks::OnSweepScan(const std::shared_ptr<SharedScan>& scan,
     r.set_shares(spec.sweep_shares);
     r.set_vectors_per_block(scan->layout().vectors_per_block);
     r.set_num_blocks(scan->layout().num_blocks);
+    r.set_from_node(options_.self);
     threads_.emplace_back([this, weak = std::weak_ptr<SharedScan>(scan), peer,
                            r] { Run(weak, peer, r); });
   }
@@ -141,7 +149,7 @@ void PeerLinks::Run(std::weak_ptr<SharedScan> weak, size_t peer,
     return PassReader([&]() -> absl::StatusOr<std::optional<PeerBlock>> {
       v1::ShareBlock m;
       if (reader->Read(&m)) {
-        bytes_received_ += m.vectors().size();
+        received_[peer] += m.vectors().size();
         return PeerBlock{m.block(), std::move(*m.mutable_vectors())};
       }
       absl::Status s = FromGrpcStatus(reader->Finish());

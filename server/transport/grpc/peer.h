@@ -28,16 +28,24 @@ namespace shardcast {
 /// as a remote client (Engine::CheckAccess).
 class PeerService final : public v1::Peer::Service {
  public:
-  explicit PeerService(TransportContext context) : context_(context) {}
+  /// `nodes`: the sweep's node count (a request's from_node is below it).
+  PeerService(TransportContext context, int64_t nodes)
+      : context_(context),
+        nodes_(nodes),
+        sent_(new std::atomic<uint64_t>[static_cast<size_t>(nodes)]()) {}
   grpc::Status SharePass(grpc::ServerContext* ctx,
                          const v1::SharePassRequest* request,
                          grpc::ServerWriter<v1::ShareBlock>* writer) override;
 
-  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  /// Bytes of blocks sent to node `node`.
+  uint64_t bytes_sent(int64_t node) const {
+    return sent_[static_cast<size_t>(node)].load();
+  }
 
  private:
   const TransportContext context_;
-  std::atomic<uint64_t> bytes_sent_{0};
+  const int64_t nodes_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> sent_;  // by node
 };
 
 struct PeerLinksOptions {
@@ -68,7 +76,10 @@ class PeerLinks {
                    const StreamSpec& spec, uint64_t seed)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  uint64_t bytes_received() const { return bytes_received_.load(); }
+  /// Bytes of blocks fetched from node `node`.
+  uint64_t bytes_received(int64_t node) const {
+    return received_[static_cast<size_t>(node)].load();
+  }
 
  private:
   void Run(std::weak_ptr<SharedScan> scan, size_t peer,
@@ -77,7 +88,7 @@ class PeerLinks {
   const PeerLinksOptions options_;
   std::vector<std::unique_ptr<v1::Peer::Stub>> stubs_;  // by peer
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> bytes_received_{0};
+  const std::unique_ptr<std::atomic<uint64_t>[]> received_;  // by node
   Mutex mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);

@@ -44,9 +44,12 @@ def start_sweep(start_daemon, root, nodes):
     peers = []
     for p in ports:
         peers += ["--sweep-peer", f"127.0.0.1:{p}"]
-    return [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
-                         "--node-rank", n, *peers, roots=[root], small=False)
-            for n in range(nodes)]
+    daemons = [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
+                            "--node-rank", n, *peers, roots=[root], small=False)
+               for n in range(nodes)]
+    for d in daemons:
+        d.peers = [f"127.0.0.1:{p}" for p in ports]
+    return daemons
 
 
 def trainer(daemon, ref, layer, seed, out, errors, epochs=1):
@@ -95,6 +98,26 @@ def test_a_sweep_reads_the_selection_once_and_every_trainer_gets_it_all(
           f"{read / selected:.3f} x the selected bytes")
     assert read <= 1.05 * selected, (read, selected, read / selected)
     assert read >= 0.95 * selected, (read, selected, "the devices read less than selected?")
+    # Status and /metrics say what went over each link: node n received each
+    # other node's share and sent its own to each (block sizes from the
+    # selection: 64 vectors of 4 KiB, the last block shorter).
+    share = [0] * nodes
+    per_block = 64
+    count = len(ref.selection(12))
+    for b in range((count + per_block - 1) // per_block):
+        share[b % nodes] += min(per_block, count - b * per_block) * ref.D * 4
+    for n, d in enumerate(daemons):
+        figures = {f.name: f for f in shardcast.Client(d.address).status().figures}
+        got = {s.labels[0]: s.value
+               for s in figures["shardcast_peer_received_bytes_total"].samples}
+        sent = {s.labels[0]: s.value
+                for s in figures["shardcast_peer_sent_bytes_total"].samples}
+        for m in range(nodes):
+            if m == n:
+                continue
+            peer = d.peers[m]
+            assert got[peer] == share[m], (n, m, got, share)
+            assert sent[peer] == share[n], (n, m, sent, share)
 
 
 def test_a_lost_peers_share_is_read_by_the_others(start_daemon, cold_dataset):
