@@ -22,6 +22,18 @@
 # except --listen, which this script sets. Without --root and --config the
 # roots come from SHARDCAST_ROOTS.
 #
+# A sweep across the job's nodes (docs/sweeps.md): with --sweep-port PORT,
+# run one wrapper per node (srun --ntasks-per-node=1); each daemon listens
+# on PORT (--listen-tcp 0.0.0.0:PORT) and is told every node's daemon, in
+# the job's node order (scontrol show hostnames "$SLURM_JOB_NODELIST", each
+# HOST:PORT), its own being the SLURM_NODEID-th. Then every trainer on every
+# node gets every vector and the nodes read the filesystem once. Give the
+# TCP listener its TLS among the DAEMON OPTIONS (--tls-cert, --tls-key,
+# --tls-client-ca for mutual TLS between the daemons), or --insecure-tcp on
+# a trusted network. SHARDCAST_SWEEP_PEERS (HOST:PORT,...) and
+# SHARDCAST_NODE_RANK replace the node list and SLURM_NODEID (this daemon
+# then listens on the port of its own entry).
+#
 # Environment:
 #   SHARDCAST_ROOTS          dataset roots, colon-separated (used when no
 #                            --root/--config option is given)
@@ -129,6 +141,7 @@ wait_gone() {
 # Arguments.
 
 daemon_args=()
+sweep_port=""
 roots=()
 have_config=0
 separator=0
@@ -145,6 +158,12 @@ while [[ $# -gt 0 ]]; do
       ;;
     --listen | --listen=*)
       fail 2 "--listen is set by this script (the socket goes in the job directory); see --help"
+      ;;
+    --sweep-port)
+      [[ $# -ge 2 && $2 =~ ^[0-9]+$ && $2 -ge 1 && $2 -le 65535 ]] ||
+        fail 2 "--sweep-port needs a TCP port (1-65535); see --help"
+      sweep_port=$2
+      shift 2
       ;;
     --root)
       [[ $# -ge 2 ]] || fail 2 "--root needs a directory; see --help"
@@ -185,6 +204,33 @@ for root in "${roots[@]}"; do
     fail 1 "dataset root $root is not a readable directory"
   root_args+=(--root "$root")
 done
+
+# The sweep's peers: every node's daemon, in the job's node order.
+sweep_args=()
+if [[ -n $sweep_port ]]; then
+  peers=()
+  if [[ -n ${SHARDCAST_SWEEP_PEERS:-} ]]; then
+    IFS=, read -r -a peers <<<"$SHARDCAST_SWEEP_PEERS"
+  else
+    [[ -n ${SLURM_JOB_NODELIST:-} ]] ||
+      fail 2 "--sweep-port needs the job's node list (SLURM_JOB_NODELIST) or SHARDCAST_SWEEP_PEERS"
+    hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST") ||
+      fail 1 "scontrol show hostnames $SLURM_JOB_NODELIST failed"
+    for host in $hosts; do peers+=("$host:$sweep_port"); done
+  fi
+  rank=${SHARDCAST_NODE_RANK:-${SLURM_NODEID:-}}
+  [[ $rank =~ ^[0-9]+$ && $rank -lt ${#peers[@]} ]] ||
+    fail 2 "--sweep-port: this node's rank (SLURM_NODEID or SHARDCAST_NODE_RANK, '${rank}') is not one of the ${#peers[@]} nodes"
+  if [[ ${#peers[@]} -lt 2 ]]; then
+    say "a sweep of one node: --sweep-port ignored"
+  else
+    # This node's daemon listens on its own entry's port (PORT, unless
+    # SHARDCAST_SWEEP_PEERS says otherwise).
+    sweep_args=(--listen-tcp "0.0.0.0:${peers[rank]##*:}" --node-rank "$rank")
+    for peer in "${peers[@]}"; do sweep_args+=(--sweep-peer "$peer"); done
+    say "sweep: node $rank of ${#peers[@]} (${peers[*]})"
+  fi
+fi
 
 for var in SHARDCAST_READY_TIMEOUT SHARDCAST_STOP_TIMEOUT; do
   if [[ -n ${!var:-} && ! ${!var} =~ ^[0-9]+$ ]]; then
@@ -297,7 +343,7 @@ echo "$$" >"$jobdir/wrapper.pid"
 
 set -m
 "$daemon_bin" --listen "unix:$sock" --exit-with-parent "${root_args[@]}" \
-  "${daemon_args[@]}" </dev/null >"$log" 2>&1 &
+  "${sweep_args[@]}" "${daemon_args[@]}" </dev/null >"$log" 2>&1 &
 daemon_pid=$!
 set +m
 echo "$daemon_pid" >"$jobdir/shardcastd.pid"

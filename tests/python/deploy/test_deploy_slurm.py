@@ -785,3 +785,51 @@ def test_example_sbatch_runs_its_trainers_through_the_wrapper(job, dataset, reap
         out = (job.work / f"task{i}.out").read_text()
         assert "check: ok" in out and "complete" in out, f"task {i}: {out}\n{p.describe}"
     assert_nothing_left(job.dir, p.describe)
+
+
+def test_wrapper_sweep_port_makes_the_nodes_daemons_a_sweep(job, dataset, reaper):
+    """--sweep-port on two "nodes" (two wrappers here, their node list given
+    by SHARDCAST_SWEEP_PEERS and SHARDCAST_NODE_RANK in place of Slurm's):
+    each daemon is told the other and reads one share, and each node's
+    trainer gets one exact epoch of every vector."""
+    import socket
+    socks = [socket.socket() for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    peers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
+    for s in socks:
+        s.close()
+    procs = []
+    for rank in range(2):
+        base = reaper.tmpdir()
+        env = dict(job.env, TMPDIR=str(base), SLURM_JOB_ID=f"{job.id}{rank}",
+                   SHARDCAST_SWEEP_PEERS=peers, SHARDCAST_NODE_RANK=str(rank),
+                   SHARDCAST_LOG=str(job.work / f"shardcastd-{rank}.log"))
+        procs.append(reaper.popen(
+            [WRAPPER, *SMALL, "--insecure-tcp", "--sweep-port", "7000", "--",
+             job.python, job.work / "trainer.py", dataset.id, job.work / f"py{rank}.npz",
+             "1", "0", job.work / f"py{rank}.started"], env=env))
+    for rank, p in enumerate(procs):
+        reaper.finish(p)
+        assert p.returncode == 0, p.describe
+        assert f"sweep: node {rank} of 2" in p.err, p.describe
+    for rank in range(2):
+        with np.load(job.work / f"py{rank}.npz") as z:
+            n = z["example_idx"].size
+            rows = dataset.rows(z["vectors"], z["example_idx"], z["token_idx"],
+                                np.full(n, LAYER), labels=None, what=f"node {rank}")
+        assert_exact_epoch(rows, dataset.selection(layer=LAYER), what=f"node {rank}")
+        log = (job.work / f"shardcastd-{rank}.log").read_text()
+        assert f"sweep: node {rank} of 2; peers {peers.replace(',', ', ')}" in log, log
+
+
+@pytest.mark.parametrize("args,env,want", [
+    (["--sweep-port", "0"], {}, "--sweep-port needs a TCP port"),
+    (["--sweep-port", "7000"], {}, "needs the job's node list"),
+    (["--sweep-port", "7000"], {"SHARDCAST_SWEEP_PEERS": "a:1,b:1", "SHARDCAST_NODE_RANK": "2"},
+     "is not one of the 2 nodes"),
+])
+def test_wrapper_sweep_usage(args, env, want, job, reaper):
+    p = reaper.run([WRAPPER, *args, "--", "true"], env=dict(job.env, **env))
+    assert p.returncode == 2 and want in p.err, p.describe
+    assert_nothing_left(job.dir, p.describe)
