@@ -84,19 +84,27 @@ PeerLinks::PeerLinks(PeerLinksOptions options)
 
 PeerLinks::~PeerLinks() {
   stop_ = true;
-  std::vector<std::thread> threads;
+  std::vector<Feed> feeds;
   {
     MutexLock lock(&mu_);
     for (grpc::ClientContext* c : calls_) c->TryCancel();
-    threads.swap(threads_);
+    feeds.swap(feeds_);
   }
-  for (std::thread& t : threads) t.join();
+  for (Feed& f : feeds) f.thread.join();
 }
 
 void PeerLinks::OnSweepScan(const std::shared_ptr<SharedScan>& scan,
                             const StreamSpec& spec, uint64_t seed) {
   if (stop_) return;
   MutexLock lock(&mu_);
+  for (auto it = feeds_.begin(); it != feeds_.end();) {  // ended ones
+    if (it->done->load()) {
+      it->thread.join();
+      it = feeds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (size_t peer = 0; peer < stubs_.size(); ++peer) {
     if (stubs_[peer] == nullptr) continue;
     v1::SharePassRequest r;
@@ -109,8 +117,13 @@ void PeerLinks::OnSweepScan(const std::shared_ptr<SharedScan>& scan,
     r.set_vectors_per_block(scan->layout().vectors_per_block);
     r.set_num_blocks(scan->layout().num_blocks);
     r.set_from_node(options_.self);
-    threads_.emplace_back([this, weak = std::weak_ptr<SharedScan>(scan), peer,
-                           r] { Run(weak, peer, r); });
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    feeds_.push_back({std::thread([this, weak = std::weak_ptr<SharedScan>(scan),
+                                   peer, r, done] {
+                        Run(weak, peer, r);
+                        *done = true;
+                      }),
+                      done});
   }
 }
 

@@ -90,7 +90,13 @@ class PeerLinks {
   std::atomic<bool> stop_{false};
   const std::unique_ptr<std::atomic<uint64_t>[]> received_;  // by node
   Mutex mu_;
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  // The feeds' threads, each with its flag set as it ends (joined then, so
+  // that a long-lived daemon does not keep every past scan's threads).
+  struct Feed {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Feed> feeds_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };
 
