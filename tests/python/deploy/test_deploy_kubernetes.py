@@ -790,3 +790,52 @@ def test_configmap_config_starts_the_daemon(request, tmp_path, config, container
         if daemon is not None:
             daemon.stop()
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# sweep.yaml: a sweep across nodes (docs/sweeps.md)
+
+def test_sweep_statefulset_names_every_peer_through_its_headless_service(
+        manifests, config, tmp_path):
+    """One daemon per node (anti-affinity), as many as SWEEP_NODES; the
+    headless Service publishes them before they are ready; the container's
+    script, run here with a stand-in shardcastd, gives the daemon its rank
+    from the pod's ordinal and every peer's DNS name in ordinal order, on
+    the TLS port the config listens on, with mutual TLS configured."""
+    svc = get(manifests, "Service", "shardcastd-sweep")
+    sts = get(manifests, "StatefulSet", "shardcastd-sweep")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert sts["spec"]["serviceName"] == "shardcastd-sweep"
+    pod = sts["spec"]["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti[0]["labelSelector"]["matchLabels"] == svc["spec"]["selector"]
+    c = {c["name"]: c for c in pod["containers"]}["shardcastd"]
+    check_fields(c, CONTAINER_FIELDS, "StatefulSet shardcastd-sweep container")
+    env = {e["name"]: e["value"] for e in c["env"]}
+    nodes = int(env["SWEEP_NODES"])
+    assert nodes == sts["spec"]["replicas"], "SWEEP_NODES must equal replicas"
+    port = int(config["listen_tcp"].rsplit(":", 1)[1])
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["tls"] == port
+    assert config.get("tls_client_ca"), "peers authenticate each other: mutual TLS"
+    # The script, with a stand-in that prints its arguments.
+    fake = tmp_path / "shardcastd"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    script = c["args"][0].replace("/usr/local/bin/shardcastd", str(fake))
+    assert c["command"] == ["/bin/sh", "-c"]
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                         env={"HOSTNAME": "shardcastd-sweep-2", "SWEEP_NODES": str(nodes),
+                              "PATH": "/usr/bin:/bin"}, timeout=10)
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.split("\n")[:-1]
+    assert args[args.index("--node-rank") + 1] == "2"
+    assert args[args.index("--listen") + 1] == "unix:/run/shardcast-sweep/shardcastd.sock"
+    peers = [args[i + 1] for i, a in enumerate(args) if a == "--sweep-peer"]
+    assert peers == [f"shardcastd-sweep-{i}.shardcastd-sweep.{NAMESPACE}.svc.cluster.local:{port}"
+                     for i in range(nodes)], peers
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/run/shardcast-sweep" in mounts and "/etc/shardcast-tls" in mounts
