@@ -465,7 +465,13 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
       continue;
     }
     bool any_room = false;
-    if (!RoomFor(b, &any_room)) {
+    bool full_feed = false;
+    if (!RoomFor(b, &any_room, &full_feed)) {
+      // A peer's feed a full lag bound behind is waited for: in a sweep
+      // every trainer needs every block, so trainers here that go on
+      // without the peer would only wait for its share later, and the
+      // block skipped would be read again.
+      if (full_feed) return nullptr;
       // Someone who needs this block is a full lag bound behind. Wait for
       // it, unless another subscriber is starving: then leave the laggard
       // to a later cycle.
@@ -509,21 +515,21 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
   return nullptr;
 }
 
-bool SharedScan::RoomFor(int64_t b, bool* any_room) const {
+bool SharedScan::RoomFor(int64_t b, bool* any_room, bool* full_feed) const {
   const size_t lag = static_cast<size_t>(options_.lag_blocks);
   *any_room = false;
-  int64_t full = 0;        // needers a full lag bound behind
-  bool full_feed = false;  // one of them may not borrow (a peer's feed)
+  *full_feed = false;
+  int64_t full = 0;  // needers a full lag bound behind
   for (const auto& [id, s] : subs_) {
     if (!s.needed.Has(b)) continue;
     const bool room = s.queue.size() < lag;
     *any_room = *any_room || room;
     if (!room) ++full;
-    if (!room && !s.spec.borrow) full_feed = true;
+    if (!room && !s.spec.borrow) *full_feed = true;
   }
   // Full needers may still take it with spare reservoir memory: one unit
   // for the block, however many of them hold it.
-  return full == 0 || (!full_feed && reservoir_->overflow_available() >= 1);
+  return full == 0 || (!*full_feed && reservoir_->overflow_available() >= 1);
 }
 
 uint64_t SharedScan::Issue(int64_t b, std::shared_ptr<Block> block,
@@ -598,7 +604,8 @@ bool SharedScan::ReadsShare(int64_t share) const {
 
 absl::StatusOr<Delivery> SharedScan::Deliver(int64_t b,
                                              absl::string_view vectors,
-                                             std::function<void()> waker) {
+                                             std::function<void()> waker,
+                                             bool skip_laggards) {
   if (b < 0 || b >= layout_.num_blocks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block ", b, " is not one of the selection's ", layout_.num_blocks));
@@ -620,12 +627,13 @@ absl::StatusOr<Delivery> SharedScan::Deliver(int64_t b,
   }
   if (need_count_[static_cast<size_t>(b)] == 0) return Delivery::kUnneeded;
   bool any_room = false;
-  if (!RoomFor(b, &any_room)) {
+  bool full_feed = false;
+  if (!RoomFor(b, &any_room, &full_feed)) {
     // As for a read: wait for the laggard unless someone else is starving;
     // then the laggard gets the block on a later cycle.
     bool starving = false;
     for (const auto& [id, s] : subs_) starving = starving || Starving(s);
-    if (!starving) {
+    if (!starving || !skip_laggards) {
       deliver_waker_ = std::move(waker);
       return Delivery::kFull;
     }

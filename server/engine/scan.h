@@ -297,9 +297,14 @@ class SharedScan final : public BlockSource,
   /// a block out of range, of a share read here, or of the wrong size (the
   /// peer is to be dropped). On kFull, `waker` is called (with the scan's
   /// lock held) when a subscriber takes a block; the reservoir may free a
-  /// slot without it, so deliver again after a short wait too.
+  /// slot without it, so deliver again after a short wait too. A needer a
+  /// full lag bound behind is waited for (kFull: dropping the block would
+  /// have its owner read it again) unless `skip_laggards`, which the feed
+  /// sets once it has waited long: then, while another subscriber starves,
+  /// the laggard gets the block on a later pass.
   absl::StatusOr<Delivery> Deliver(int64_t block, absl::string_view vectors,
-                                   std::function<void()> waker)
+                                   std::function<void()> waker,
+                                   bool skip_laggards = false)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   /// Adds a subscriber; returns its id.
@@ -374,8 +379,7 @@ class SharedScan final : public BlockSource,
   /// a subscriber that may not borrow takes beyond its lag bound with
   /// spare memory: dropping it would read it again.
   bool Enqueue(Subscriber& s, uint64_t read_id, int64_t block, BlockRef data,
-               bool resident = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+               bool resident = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNeeds(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Ends `s` with `error` (its first error stays): it needs nothing more,
   /// lets go of its queue and is woken to see it.
@@ -390,8 +394,10 @@ class SharedScan final : public BlockSource,
   bool ReadHere(int64_t b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return read_here_[static_cast<size_t>(b % share_count_)];
   }
-  /// Whether every needer of `b` has queue room or overflow can take it.
-  bool RoomFor(int64_t b, bool* any_room) const
+  /// Whether every needer of `b` has queue room or overflow can take it;
+  /// *full_feed: a needer that may not borrow (a peer's share feed) is a
+  /// full lag bound behind.
+  bool RoomFor(int64_t b, bool* any_room, bool* full_feed) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Registers a block that is read now (`block` being read, or delivered
   /// with its data) and queues it for its needers; its read id.

@@ -24,6 +24,9 @@ std::string BlockVectors(const Block& b) {
 
 namespace {
 
+// How long a delivery waits for a subscriber a full lag bound behind.
+constexpr std::chrono::seconds kLaggardWait(10);
+
 // Delivers one pass; OK at its end or on `stop`.
 absl::Status DeliverPass(SharedScan& scan, int64_t share,
                          const PassReader& next,
@@ -37,10 +40,16 @@ absl::Status DeliverPass(SharedScan& scan, int64_t share,
           absl::StrCat("the peer of share ", share, " sent block ", got->block,
                        ", not of that share"));
     }
+    const auto since = std::chrono::steady_clock::now();
     while (!stop()) {
       room.Reset();
-      ASSIGN_OR_RETURN(Delivery d,
-                       scan.Deliver(got->block, got->vectors, room.Waker()));
+      // A subscriber here that has not taken a block for this long is
+      // left behind (it gets the block on a later pass), so that it does
+      // not hold back every node of the sweep.
+      const bool overdue =
+          std::chrono::steady_clock::now() - since > kLaggardWait;
+      ASSIGN_OR_RETURN(Delivery d, scan.Deliver(got->block, got->vectors,
+                                                room.Waker(), overdue));
       if (d != Delivery::kFull) break;
       // A subscriber's take wakes this; a slot freed elsewhere does not, so
       // look again shortly either way.
