@@ -26,7 +26,6 @@ through the daemon). Datasets go under /tmp/shardcast-bench/sweep.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ SHARDCASTD = Path(os.environ.get("SHARDCASTD_BIN", BUILD / "shardcastd"))
 os.environ["SHARDCAST_NO_AUTOSTART"] = "1"
 
 import shardcast  # noqa: E402
-from sysprobe import evict, metric_samples, proc_read_bytes  # noqa: E402
+from sysprobe import evict, free_ports, metric_samples, proc_read_bytes  # noqa: E402
 
 LAYER = 12
 # Each trainer and each peer's pass reserves window + lag blocks: with 8
@@ -55,16 +54,6 @@ LAYER = 12
 DAEMON = ["--reservoir-bytes", "512M", "--block-bytes", "1M", "--shuffle-window", "8",
           "--lag-blocks", "32", "--scan-start-delay-ms", "1500", "--prefault", "off",
           "--log-level", "info"]
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def make_dataset(root, examples):

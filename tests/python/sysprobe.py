@@ -50,3 +50,16 @@ def metric_samples(port):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def free_ports(n):
+    """`n` TCP ports on 127.0.0.1 that were free a moment ago (bound all at
+    once, so they differ, then closed for the caller to listen on)."""
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

@@ -8,7 +8,6 @@ from the devices (/proc/<pid>/io read_bytes of each daemon, the kernel's
 count), not once per node.
 """
 
-import socket
 import threading
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from package_fixtures import (assert_exact_epoch,  # noqa: F401
                               datasets, package_logs, sockdir, start_daemon)
-from sysprobe import evict, proc_read_bytes
+from sysprobe import evict, free_ports, proc_read_bytes
 # 24 examples, layer 12 of content tokens selected: 24 x 127 x 4 KiB vectors.
 from test_node_groups import cold_dataset  # noqa: F401
 from test_scan_io import o_direct_works
@@ -27,16 +26,6 @@ TRAINERS = 2
 # 256 KiB blocks: ~50 of them in the selection, so each node reads many.
 DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "256K", "--shuffle-window", "4",
           "--lag-blocks", "16", "--query-threads", "2", "--scan-start-delay-ms", "300")
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_sweep(start_daemon, root, nodes):

@@ -792,13 +792,8 @@ def test_wrapper_sweep_port_makes_the_nodes_daemons_a_sweep(job, dataset, reaper
     by SHARDCAST_SWEEP_PEERS and SHARDCAST_NODE_RANK in place of Slurm's):
     each daemon is told the other and reads one share, and each node's
     trainer gets one exact epoch of every vector."""
-    import socket
-    socks = [socket.socket() for _ in range(2)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    peers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
-    for s in socks:
-        s.close()
+    from sysprobe import free_ports
+    peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
     procs = []
     for rank in range(2):
         base = reaper.tmpdir()
