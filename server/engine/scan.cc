@@ -464,27 +464,11 @@ std::unique_ptr<BlockRead> SharedScan::NextReadOrPressure(bool* pressed) {
       ++position_;
       continue;
     }
-    bool any_room = false;
-    bool full_feed = false;
-    if (!RoomFor(b, &any_room, &full_feed)) {
-      // A peer's feed a full lag bound behind is waited for: in a sweep
-      // every trainer needs every block, so trainers here that go on
-      // without the peer would only wait for its share later, and the
-      // block skipped would be read again.
-      if (full_feed) return nullptr;
-      // Someone who needs this block is a full lag bound behind. Wait for
-      // it, unless another subscriber is starving: then leave the laggard
-      // to a later cycle.
-      bool starving = false;
-      for (const auto& [id, s] : subs_) starving = starving || Starving(s);
-      if (!starving) return nullptr;
-      if (!any_room) {
-        for (auto& [id, s] : subs_) {
-          if (s.needed.Has(b)) ++s.skipped;
-        }
-        ++position_;
-        continue;
-      }
+    const Admit admit = AdmitBlock(b, /*may_skip=*/true);
+    if (admit == Admit::kWait) return nullptr;
+    if (admit == Admit::kSkip) {
+      ++position_;
+      continue;
     }
     const std::optional<int32_t> slot = reservoir_->TryAcquire();
     if (!slot.has_value()) {  // a release wakes the engine
@@ -626,41 +610,63 @@ absl::StatusOr<Delivery> SharedScan::Deliver(int64_t b,
                      ", which this daemon reads itself"));
   }
   if (need_count_[static_cast<size_t>(b)] == 0) return Delivery::kUnneeded;
-  bool any_room = false;
-  bool full_feed = false;
-  if (!RoomFor(b, &any_room, &full_feed)) {
-    // As for a read: wait for the laggard unless someone else is starving;
-    // then the laggard gets the block on a later cycle.
-    bool starving = false;
-    for (const auto& [id, s] : subs_) starving = starving || Starving(s);
-    if (!starving || !skip_laggards) {
-      deliver_waker_ = std::move(waker);
-      return Delivery::kFull;
-    }
-    if (!any_room) {
-      for (auto& [id, s] : subs_) {
-        if (s.needed.Has(b)) ++s.skipped;
-      }
-      return Delivery::kUnneeded;
-    }
-  }
-  const std::optional<int32_t> slot = reservoir_->TryAcquire();
+  const Admit admit = AdmitBlock(b, skip_laggards);
+  if (admit == Admit::kSkip) return Delivery::kUnneeded;
+  const std::optional<int32_t> slot =
+      admit == Admit::kIssue ? reservoir_->TryAcquire() : std::nullopt;
   if (!slot.has_value()) {
     deliver_waker_ = std::move(waker);
     return Delivery::kFull;
   }
-  block = std::make_shared<Block>();
+  uint64_t labels_offset = 0;
+  block = NewBlock(b, *slot, &labels_offset);
+  block->data = reservoir_->slot_data(*slot);
+  std::memcpy(block->data, vectors.data(), vectors.size());
+  if (!block->labels.empty()) {
+    // The labels are not sent: they are this daemon's to read (a few
+    // bytes per example).
+    RETURN_IF_ERROR(PreadFull(reader_->labels_fd(), block->labels.data(),
+                              block->labels.size(), labels_offset,
+                              labels_path_));
+  }
+  ++blocks_delivered_;
+  bytes_delivered_ += bytes;
+  Issue(b, std::move(block), /*ready=*/true);
+  return Delivery::kTaken;
+}
+
+SharedScan::Admit SharedScan::AdmitBlock(int64_t b, bool may_skip) {
+  bool any_room = false;
+  bool full_feed = false;
+  if (RoomFor(b, &any_room, &full_feed)) return Admit::kIssue;
+  // A peer's feed a full lag bound behind is waited for: in a sweep every
+  // trainer needs every block, so trainers here that go on without the
+  // peer would only wait for its share later, and the block skipped would
+  // be read again.
+  if (full_feed) return Admit::kWait;
+  // Someone who needs this block is a full lag bound behind. Wait for it,
+  // unless another subscriber is starving: then leave the laggard to a
+  // later cycle.
+  bool starving = false;
+  for (const auto& [id, s] : subs_) starving = starving || Starving(s);
+  if (!starving || !may_skip) return Admit::kWait;
+  if (any_room) return Admit::kIssue;
+  for (auto& [id, s] : subs_) {
+    if (s.needed.Has(b)) ++s.skipped;
+  }
+  return Admit::kSkip;
+}
+
+std::shared_ptr<Block> SharedScan::NewBlock(int64_t b, int32_t slot,
+                                            uint64_t* labels_offset) const {
+  auto block = std::make_shared<Block>();
   block->id = b;
   block->first_vector = layout_.first_vector(b);
   block->vectors = layout_.vectors(b);
   block->vector_bytes = layout_.vector_bytes;
   block->reservoir = reservoir_;
-  block->slot = *slot;
-  block->data = reservoir_->slot_data(*slot);
-  std::memcpy(block->data, vectors.data(), vectors.size());
+  block->slot = slot;
   if (reader_->info().has_labels && block->vectors > 0) {
-    // The labels are not sent: they are this daemon's to read (a few
-    // bytes per example).
     const Selection& sel = layout_.sel;
     const int64_t k = sel.vectors_per_row;
     const int64_t first = sel.example_of(block->first_vector / k);
@@ -669,27 +675,17 @@ absl::StatusOr<Delivery> SharedScan::Deliver(int64_t b,
     const uint64_t c = static_cast<uint64_t>(reader_->desc().content_tokens);
     block->first_example = first;
     block->labels.resize(static_cast<size_t>(last - first + 1) * c);
-    RETURN_IF_ERROR(PreadFull(reader_->labels_fd(), block->labels.data(),
-                              block->labels.size(),
-                              static_cast<uint64_t>(first) * c, labels_path_));
+    *labels_offset = static_cast<uint64_t>(first) * c;
   }
-  ++blocks_delivered_;
-  bytes_delivered_ += bytes;
-  Issue(b, std::move(block), /*ready=*/true);
-  return Delivery::kTaken;
+  return block;
 }
 
 absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     int64_t b, int32_t slot, std::shared_ptr<Block>* out) {
   const DatasetDesc& d = reader_->desc();
   const Selection& sel = layout_.sel;
-  auto block = std::make_shared<Block>();
-  block->id = b;
-  block->first_vector = layout_.first_vector(b);
-  block->vectors = layout_.vectors(b);
-  block->vector_bytes = layout_.vector_bytes;
-  block->reservoir = reservoir_;
-  block->slot = slot;
+  uint64_t labels_offset = 0;
+  std::shared_ptr<Block> block = NewBlock(b, slot, &labels_offset);
   *out = block;  // owns the slot from here on, also on error
   auto read = std::make_unique<BlockRead>();
   const uint64_t vb = layout_.vector_bytes;
@@ -721,14 +717,10 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     block->data = reservoir_->slot_data(slot);
     read->slot = slot;
   }
-  int64_t first_example = -1, last_example = -1;
   for (int64_t g = g0; g < g1;) {
     const int64_t row = g / k;
     const int64_t j0 = g % k;
     const int64_t j1 = std::min<int64_t>(k, j0 + (g1 - g));
-    const int64_t example = sel.example_of(row);
-    if (first_example < 0) first_example = example;
-    last_example = example;
     ASSIGN_OR_RETURN(VectorLocation loc, sel.Locate(d, row, j0));
     if (maps_ != nullptr) {
       // The whole row from its first selected vector (the piece indexing
@@ -775,20 +767,14 @@ absl::StatusOr<std::unique_ptr<BlockRead>> SharedScan::MakeRead(
     }
     g += j1 - j0;
   }
-  if (reader_->info().has_labels && first_example >= 0) {
-    const uint64_t c = static_cast<uint64_t>(d.content_tokens);
-    block->first_example = first_example;
-    block->labels.resize(static_cast<size_t>(last_example - first_example + 1) *
-                         c);
-    if (!block->labels.empty()) {
-      ReadOp r;
-      r.fd = reader_->labels_fd();
-      r.offset = static_cast<uint64_t>(first_example) * c;
-      r.length = block->labels.size();
-      r.dest = block->labels.data();
-      r.path = &labels_path_;
-      read->ranges.push_back(r);
-    }
+  if (!block->labels.empty()) {  // sized by NewBlock
+    ReadOp r;
+    r.fd = reader_->labels_fd();
+    r.offset = labels_offset;
+    r.length = block->labels.size();
+    r.dest = block->labels.data();
+    r.path = &labels_path_;
+    read->ranges.push_back(r);
   }
   return read;
 }

@@ -399,6 +399,18 @@ class SharedScan final : public BlockSource,
   /// full lag bound behind.
   bool RoomFor(int64_t b, bool* any_room, bool* full_feed) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// What to do with block `b` now (read or delivered). kIssue: issue it
+  /// (needers a full lag bound behind get it on a later cycle); kWait: a
+  /// needer is a lag bound behind and is waited for; kSkip: no needer has
+  /// room, so it is left to a later cycle (counted as skipped). A laggard
+  /// is left behind only when `may_skip` and another subscriber starves,
+  /// and a peer's feed never.
+  enum class Admit { kIssue, kWait, kSkip };
+  Admit AdmitBlock(int64_t b, bool may_skip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  /// A block `b` in slot `slot` (data not set) and, for a dataset with
+  /// labels, its label range sized: the file offset of its labels.
+  std::shared_ptr<Block> NewBlock(int64_t b, int32_t slot,
+                                  uint64_t* labels_offset) const;
   /// Registers a block that is read now (`block` being read, or delivered
   /// with its data) and queues it for its needers; its read id.
   uint64_t Issue(int64_t b, std::shared_ptr<Block> block, bool ready)
