@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<ShareFeed>> Engine::OpenShareFeed(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const DatasetReader> reader,
                    catalog_->Resolve(dataset));
-  spec.epochs = 1;  // a pass
+  spec.epochs = 1;      // a pass
   spec.batch_size = 1;  // (it has blocks, not batches)
   spec.rank = 0;
   spec.world_size = 1;
@@ -195,7 +195,7 @@ absl::StatusOr<std::unique_ptr<ShareFeed>> Engine::OpenShareFeed(
   ASSIGN_OR_RETURN(
       std::unique_ptr<ScanRegistry::Subscription> s,
       scans_->Subscribe(std::move(reader), id, spec, seed, std::move(sub)));
-  return std::make_unique<ShareFeed>(std::move(s), spec.sweep_share);
+  return std::make_unique<ShareFeed>(std::move(s));
 }
 
 absl::StatusOr<std::shared_ptr<void>> Engine::CountStream(
@@ -273,7 +273,6 @@ LeasePool::~LeasePool() {
 
 absl::StatusOr<uint64_t> LeasePool::Take(uint64_t bytes,
                                          const std::string& what) {
-  const uint64_t block = reservoir_->slot_bytes();
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   MutexLock lock(&mu_);
   if (bytes > reservoir_->bytes() - bytes_) {
@@ -283,38 +282,24 @@ absl::StatusOr<uint64_t> LeasePool::Take(uint64_t bytes,
                      " of them lent to other clients' buffers"));
   }
   bytes = (bytes + page - 1) / page * page;  // what the kernel gives
-  const int64_t need =
-      static_cast<int64_t>((bytes_ + bytes + block - 1) / block) - blocks_;
+  const int64_t need = Blocks(bytes_ + bytes) - Blocks(bytes_);
   if (need > 0) {
     RETURN_IF_ERROR(scans_->Reserve(need, what));
     reservoir_->Park(need);  // their pages go back to the kernel
-    blocks_ += need;
   }
   bytes_ += bytes;
   return bytes;
 }
 
 void LeasePool::Give(uint64_t bytes) {
-  const uint64_t block = reservoir_->slot_bytes();
   MutexLock lock(&mu_);
+  const int64_t held = Blocks(bytes_);
   bytes_ -= std::min(bytes, bytes_);
-  const int64_t spare =
-      blocks_ - static_cast<int64_t>((bytes_ + block - 1) / block);
+  const int64_t spare = held - Blocks(bytes_);
   if (spare > 0) {
     reservoir_->Unpark(spare);
     reservoir_->Unreserve(spare);
-    blocks_ -= spare;
   }
-}
-
-uint64_t LeasePool::bytes() const {
-  MutexLock lock(&mu_);
-  return bytes_;
-}
-
-int64_t LeasePool::blocks() const {
-  MutexLock lock(&mu_);
-  return blocks_;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryLease>> Engine::LeaseMemory(

@@ -118,15 +118,16 @@ class LeasePool {
   /// Takes `bytes` off the total; blocks no longer needed go back.
   void Give(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
-  uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
-  int64_t blocks() const ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   ScanRegistry* const scans_;
   Reservoir* const reservoir_;
   mutable Mutex mu_;  // before the registry's and the reservoir's locks
+  // The leased total; the blocks it holds are it rounded up (Blocks).
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t Blocks(uint64_t bytes) const {
+    const uint64_t block = reservoir_->slot_bytes();
+    return static_cast<int64_t>((bytes + block - 1) / block);
+  }
 };
 
 /// Reservoir memory a transport holds for a client's buffers (shared-memory

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/base/waiter.h"
 
@@ -76,10 +75,8 @@ absl::Status FeedScan(
     absl::StatusOr<PassReader> pass = open_pass();
     failed = pass.ok() ? DeliverPass(scan, share, *pass, stop) : pass.status();
   }
-  if (failed.ok()) return failed;
-  LogWarning("sweep: the feed of share ", share, " failed (", failed.ToString(),
-             ")");
-  scan.ReadShare(share);
+  // ReadShare logs the take-over; the caller, who knows the peer, why.
+  if (!failed.ok()) scan.ReadShare(share);
   return failed;
 }
 

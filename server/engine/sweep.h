@@ -27,8 +27,8 @@ namespace shardcast {
 /// never reads ahead for a peer that needs nothing.
 class ShareFeed {
  public:
-  ShareFeed(std::unique_ptr<ScanRegistry::Subscription> sub, int64_t share)
-      : sub_(std::move(sub)), share_(share) {}
+  explicit ShareFeed(std::unique_ptr<ScanRegistry::Subscription> sub)
+      : sub_(std::move(sub)) {}
   /// The next block (kBlock), kWait with `waker` called when that may have
   /// changed, or kDelivered at the end of the pass. Errors of the scan
   /// (DATA_LOSS naming the file).
@@ -36,11 +36,9 @@ class ShareFeed {
     return sub_->scan()->TakeBlock(sub_->id(), 0, std::move(waker));
   }
   const BlockLayout& layout() const { return sub_->scan()->layout(); }
-  int64_t share() const { return share_; }
 
  private:
   std::unique_ptr<ScanRegistry::Subscription> sub_;
-  const int64_t share_;
 };
 
 /// The vectors of block `b` in order (a mapped block's gathered from its
