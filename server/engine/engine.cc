@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
@@ -105,8 +106,12 @@ absl::StatusOr<std::unique_ptr<BatchSource>> Engine::OpenStream(
   if (o.spec.node_count == 0) {
     o.spec.node_rank = options_.node_rank;
     o.spec.node_count = options_.node_count;
-    if (options_.sweep_shares > 1 && o.order == StreamOrder::kShuffled) {
-      // A sweep: every node's trainers get every block (docs/sweeps.md).
+    // A sweep: every node's trainers get every block (docs/sweeps.md). Not
+    // for datasets attached by path: their ids are this daemon's own (a
+    // random part), which no peer could resolve; they are read here whole.
+    // (A catalog directory named "@..." is read whole too.)
+    if (options_.sweep_shares > 1 && o.order == StreamOrder::kShuffled &&
+        !absl::StartsWith(o.dataset, std::string(1, kAttachedPrefix))) {
       o.spec.node_rank = 0;
       o.spec.node_count = 1;
       o.spec.sweep_share = options_.sweep_share;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
@@ -26,18 +27,42 @@ namespace {
 // How long a delivery waits for a subscriber a full lag bound behind.
 constexpr std::chrono::seconds kLaggardWait(10);
 
-// Delivers one pass; OK at its end or on `stop`.
+// Delivers one pass; OK at its end or on `stop`. A pass brings each block
+// of the share once: one that ends short, or repeats a block, is refused
+// (else a peer that ends its passes early would be asked again forever).
 absl::Status DeliverPass(SharedScan& scan, int64_t share,
                          const PassReader& next,
                          const std::function<bool()>& stop) {
+  const int64_t shares = scan.share_count();
+  const int64_t blocks = scan.layout().num_blocks;
+  const int64_t expected =
+      share < blocks ? (blocks - share + shares - 1) / shares : 0;
+  std::vector<bool> seen(static_cast<size_t>(expected));  // by b / shares
+  int64_t received = 0;
   Waiter room;  // a waker the scan may call after this returns
   while (!stop()) {
     ASSIGN_OR_RETURN(std::optional<PeerBlock> got, next());
-    if (!got.has_value()) return absl::OkStatus();
-    if (got->block < 0 || got->block % scan.share_count() != share) {
+    if (!got.has_value()) {
+      if (received == expected) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("the peer of share ", share, " ended a pass after ",
+                       received, " of the share's ", expected, " blocks"));
+    }
+    if (got->block < 0 || got->block % shares != share) {
       return absl::InvalidArgumentError(
           absl::StrCat("the peer of share ", share, " sent block ", got->block,
                        ", not of that share"));
+    }
+    // Out of bounds is refused by Deliver, with the selection's size.
+    const int64_t slot = got->block / shares;
+    if (slot < expected) {
+      if (seen[static_cast<size_t>(slot)]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the peer of share ", share, " sent block ",
+                         got->block, " twice in one pass"));
+      }
+      seen[static_cast<size_t>(slot)] = true;
+      ++received;
     }
     const auto since = std::chrono::steady_clock::now();
     while (!stop()) {

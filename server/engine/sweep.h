@@ -36,6 +36,7 @@ class ShareFeed {
     return sub_->scan()->TakeBlock(sub_->id(), 0, std::move(waker));
   }
   const BlockLayout& layout() const { return sub_->scan()->layout(); }
+  const DatasetReader& reader() const { return sub_->scan()->reader(); }
 
  private:
   std::unique_ptr<ScanRegistry::Subscription> sub_;

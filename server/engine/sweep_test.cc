@@ -16,6 +16,7 @@
 #include "common/base/status.h"
 #include "common/base/waiter.h"
 #include "common/testing/testing.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/engine.h"
 #include "server/engine/stream_test_util.h"
@@ -85,22 +86,34 @@ class SweepTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  // How a relay misbehaves, for the tests of what a receiver refuses.
+  enum class Fault { kNone, kEndsPassEarly, kRepeatsABlock };
+
   // Relays share `from`, read by node `from`, into node `to`'s sweep scan,
-  // a pass at a time; after `fail_after` blocks the link fails.
-  void Relay(int from, int to, int64_t fail_after = -1) {
+  // a pass at a time; after `fail_after` blocks the link fails. With a
+  // fault, the pass ends (OK) after 2 blocks, or its first block comes
+  // twice.
+  void Relay(int from, int to, int64_t fail_after = -1,
+             Fault fault = Fault::kNone) {
     std::shared_ptr<SharedScan> scan;
     {
       std::lock_guard<std::mutex> lock(mu_);
       scan = scan_[to].lock();
     }
     ASSERT_NE(scan, nullptr) << "node " << to << " has no sweep scan";
-    relays_.emplace_back([this, scan, from, fail_after] {
+    relays_.emplace_back([this, scan, from, fail_after, fault] {
       int64_t sent = 0;
       Waiter waiter;
       std::unique_ptr<ShareFeed> feed;
+      std::optional<PeerBlock> first;
       auto next = [&]() -> absl::StatusOr<std::optional<PeerBlock>> {
         if (fail_after >= 0 && sent >= fail_after) {
           return absl::UnavailableError("the link to the peer broke");
+        }
+        if (fault == Fault::kEndsPassEarly && sent == 2) return std::nullopt;
+        if (fault == Fault::kRepeatsABlock && sent == 1) {
+          ++sent;
+          return first;
         }
         while (!stop_) {
           waiter.Reset();
@@ -112,7 +125,9 @@ class SweepTest : public ::testing::Test {
           }
           if (t->kind == Take::kBlock) {
             ++sent;
-            return PeerBlock{t->block->id, BlockVectors(*t->block)};
+            PeerBlock b{t->block->id, BlockVectors(*t->block)};
+            if (!first) first = b;
+            return b;
           }
           waiter.Wait(std::chrono::milliseconds(10));
         }
@@ -229,6 +244,37 @@ TEST_F(SweepTest, ALostPeersShareIsReadByTheOthersWithExactEpochs) {
   ASSERT_EQ(f.scans.size(), 1u);
   EXPECT_EQ(f.scans[0].shares_read_here, 2);
   EXPECT_EQ(f.scans[0].blocks_from_peers, 3u);
+}
+
+// A pass brings each block of its share once: a peer whose passes end
+// early (OK, but short) or repeat a block is refused, and its share read
+// here; the epochs stay exact.
+TEST_F(SweepTest, APassThatEndsShortOrRepeatsABlockIsRefused) {
+  for (Fault fault : {Fault::kEndsPassEarly, Fault::kRepeatsABlock}) {
+    SCOPED_TRACE(fault == Fault::kEndsPassEarly ? "ends early" : "repeats");
+    std::vector<std::unique_ptr<BatchSource>> trainers;
+    for (uint64_t seed : {1, 2}) trainers.push_back(Trainer(0, seed));
+    std::unique_ptr<BatchSource> other = Trainer(1, 9);
+    Relay(1, 0, /*fail_after=*/-1, fault);
+    const std::vector<Row> want = Expected(6, TokenSelection::kContent);
+    const std::vector<std::vector<Row>> rows = RunTrainers(trainers);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(Sorted(rows[i]), want) << "trainer " << i;
+    }
+    StopRelays();
+    stop_ = false;
+    EXPECT_EQ(status_[1].code(), absl::StatusCode::kInvalidArgument)
+        << status_[1];
+    // 15 blocks: share 1 is blocks 1, 3, ..., 13.
+    EXPECT_THAT(std::string(status_[1].message()),
+                ::testing::HasSubstr(
+                    fault == Fault::kEndsPassEarly
+                        ? "ended a pass after 2 of the share's 7 blocks"
+                        : "twice in one pass"));
+    const EngineFigures f = engine_[0]->Figures();
+    ASSERT_EQ(f.scans.size(), 1u);
+    EXPECT_EQ(f.scans[0].shares_read_here, 2);
+  }
 }
 
 TEST_F(SweepTest, AShareFeedNamesAShareOfASweep) {
