@@ -704,6 +704,22 @@ absl::StatusOr<std::string> Client::GetStatusJson() {
   return internal_client::MessageJson(resp);
 }
 
+absl::StatusOr<Client::SweepCheck> Client::CheckSweep() {
+  grpc::ClientContext ctx;  // the daemon asks its peers within 5 s
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::CheckSweepRequest req;
+  v1::CheckSweepResponse resp;
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin->CheckSweep(&ctx, req, &resp)));
+  SweepCheck out;
+  out.node = resp.node();
+  out.datasets = resp.datasets();
+  for (const v1::SweepPeerCheck& p : resp.peers()) {
+    out.peers.push_back(
+        {p.node(), p.address(), {p.problems().begin(), p.problems().end()}});
+  }
+  return out;
+}
+
 absl::StatusOr<Client::Health> Client::CheckHealth(double timeout_seconds) {
   grpc::health::v1::Health::Stub stub(impl_->channel);
   grpc::ClientContext ctx;

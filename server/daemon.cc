@@ -321,12 +321,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(engine_options.token_key,
                      ReadTokenKey(options.token_key_file));
   }
+  SweepOptions sweep;  // this daemon's part in a sweep (docs/sweeps.md)
   if (!options.sweep_peers.empty()) {
-    PeerLinksOptions links;
-    links.peers = options.sweep_peers;
-    links.self = options.node_rank;
-    ASSIGN_OR_RETURN(links.credentials, PeerCredentials(options));
-    d->peer_links = std::make_unique<PeerLinks>(std::move(links));
+    sweep.peers = options.sweep_peers;
+    sweep.self = options.node_rank;
+    sweep.block_bytes = options.block_bytes;
+    sweep.timeout = absl::ToChronoNanoseconds(
+        absl::Seconds(options.sweep_peer_timeout_seconds));
+    ASSIGN_OR_RETURN(sweep.credentials, PeerCredentials(options));
+    d->peer_links = std::make_unique<PeerLinks>(sweep);
     engine_options.on_sweep_scan = [links = d->peer_links.get()](
                                        const std::shared_ptr<SharedScan>& scan,
                                        const StreamSpec& spec, uint64_t seed) {
@@ -446,7 +449,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     return CollectFigures(sources);
   };
   d->router = std::make_unique<PayloadRouter>(context);
-  d->admin = std::make_unique<AdminService>(context);
+  d->admin = std::make_unique<AdminService>(context, d->peer_links.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -460,8 +463,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
   builder.RegisterService(d->admin.get());
   if (!options.sweep_peers.empty()) {
-    d->peer_service = std::make_unique<PeerService>(
-        context, static_cast<int64_t>(options.sweep_peers.size()));
+    d->peer_service = std::make_unique<PeerService>(context, sweep);
     builder.RegisterService(d->peer_service.get());
   }
   builder.RegisterCallbackGenericService(d->router.get());

@@ -191,6 +191,12 @@ const std::vector<DaemonOption>& Table() {
        "others from its peers (Peer service, the TCP listener's TLS), and "
        "every node's trainers get every vector",
        OptionKind::kNames, &O::sweep_peers},
+      {"sweep-peer-timeout", "sweep_peer_timeout_seconds", "S",
+       "a sweep peer that sends nothing while this node waits for its "
+       "share, or takes nothing while this node's scan waits for it, for S "
+       "seconds (dead, frozen, cut off) is given up: its share is read here, "
+       "its pass dropped (logged)",
+       OptionKind::kSeconds, &O::sweep_peer_timeout_seconds, 1, kNoMax},
       {"lag-blocks", "lag_blocks", "N",
        "blocks a stream may fall behind its shared scan before the scan goes "
        "on without it",

@@ -132,6 +132,9 @@ struct DaemonOptions {
   /// node order; this daemon is the --node-rank-th and reads that share.
   /// Empty: no sweep.
   std::vector<std::string> sweep_peers;
+  /// A sweep peer that sends or takes nothing this long while waited for
+  /// is given up (PeerLinksOptions::timeout).
+  double sweep_peer_timeout_seconds = 30;
 
   /// The engine's part of these settings.
   EngineOptions Engine() const;

@@ -20,12 +20,15 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/cli/commands.h"
 #include "common/base/cli_args.h"
 #include "common/base/file.h"
@@ -189,6 +192,68 @@ Check CheckDaemon(Subject* s) {
         if (!d.ok)
           absl::StrAppend(&c.detail, "\n    rejected ", d.id, ": ", d.error);
       }
+    }
+  }
+  return c;
+}
+
+// ---- a sweep's peers ------------------------------------------------------
+
+// A daemon in a sweep (docs/sweeps.md): every other node's daemon answers
+// and agrees (node order, --block-bytes, the content hash of every dataset
+// this user may read). Peers that do not answer yet are asked again for up
+// to `wait_seconds` (a job's daemons start together). Nothing when the
+// daemon is not in a sweep.
+std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
+  if (!s.daemon.has_value()) return std::nullopt;
+  Check c{"sweep", Verdict::kOk, ""};
+  ClientOptions options = RemoteOptions();
+  options.connect_timeout_seconds = 3;
+  auto client = Client::Connect(s.address, options);
+  if (!client.ok()) return std::nullopt;  // the daemon check said why
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(wait_seconds);
+  absl::StatusOr<Client::SweepCheck> check;
+  while (true) {
+    check = (*client)->CheckSweep();
+    if (!check.ok()) {
+      const absl::StatusCode code = check.status().code();
+      if (code == absl::StatusCode::kFailedPrecondition ||
+          code == absl::StatusCode::kUnimplemented) {
+        return std::nullopt;  // not a sweep's daemon
+      }
+      c.verdict = Verdict::kFail;
+      c.detail = absl::StrCat("Admin.CheckSweep: ", check.status().message());
+      return c;
+    }
+    const bool unreachable = std::any_of(
+        check->peers.begin(), check->peers.end(), [](const auto& p) {
+          return !p.problems.empty() &&
+                 absl::StartsWith(p.problems.front(), "unreachable");
+        });
+    if (!unreachable || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  int64_t bad = 0;
+  for (const Client::SweepPeer& p : check->peers) bad += !p.problems.empty();
+  const std::string nodes =
+      absl::StrCat("node ", check->node, " of ", check->peers.size() + 1);
+  if (bad == 0) {
+    c.detail = absl::StrCat(nodes,
+                            ": every peer answers and agrees (node "
+                            "order, --block-bytes, the content hash of ",
+                            check->datasets, " dataset",
+                            check->datasets == 1 ? "" : "s", ")");
+    return c;
+  }
+  c.verdict = Verdict::kFail;
+  c.detail = absl::StrCat(nodes, ": ", bad, " of ", check->peers.size(),
+                          " peers do not answer or disagree (their shares "
+                          "would be read on every node)");
+  for (const Client::SweepPeer& p : check->peers) {
+    for (const std::string& problem : p.problems) {
+      absl::StrAppend(&c.detail, "\n    node ", p.node, " at ", p.address, ": ",
+                      problem);
     }
   }
   return c;
@@ -610,18 +675,62 @@ int RunDoctor(const Args& args) {
   }
   if (reservoir > 0) s.reservoir_bytes = reservoir;
   s.daemon_expected = !args.Has("no-daemon");
+  double sweep_wait = 0;
+  if (args.Has("sweep-wait") &&
+      (!absl::SimpleAtod(args.Get("sweep-wait"), &sweep_wait) ||
+       !(sweep_wait >= 0) || sweep_wait > 86400)) {
+    std::fprintf(stderr,
+                 "shardcast doctor: --sweep-wait must be a number of seconds "
+                 "from 0 to 86400, got \"%s\"\n",
+                 args.Get("sweep-wait").c_str());
+    return kExitUsage;
+  }
 
+  // --only: the checks named (the daemon is asked anyway: others use it).
+  static constexpr const char* kChecks[] = {"daemon",   "sweep",    "roots",
+                                            "io_uring", "o_direct", "memory",
+                                            "sockets",  "read"};
+  std::vector<std::string> only;
+  if (args.Has("only")) {
+    only = absl::StrSplit(args.Get("only"), ',', absl::SkipEmpty());
+    for (const std::string& name : only) {
+      if (std::find(std::begin(kChecks), std::end(kChecks), name) ==
+          std::end(kChecks)) {
+        std::fprintf(stderr,
+                     "shardcast doctor: --only: no check named \"%s\" (the "
+                     "checks: %s)\n",
+                     name.c_str(), absl::StrJoin(kChecks, ", ").c_str());
+        return kExitUsage;
+      }
+    }
+  }
+  const auto want = [&only](const char* name) {
+    return only.empty() ||
+           std::find(only.begin(), only.end(), name) != only.end();
+  };
   std::vector<Check> checks;
-  checks.push_back(CheckDaemon(&s));
+  Check daemon = CheckDaemon(&s);
+  if (want("daemon")) checks.push_back(std::move(daemon));
+  if (want("sweep")) {
+    if (std::optional<Check> c = CheckSweep(s, sweep_wait)) {
+      checks.push_back(std::move(*c));
+    }
+  }
   // Roots the daemon would serve are the config's; a daemon found without
   // --config/--root still says how many datasets it has (above).
-  for (Check& c : CheckRoots(&s)) checks.push_back(std::move(c));
-  checks.push_back(CheckIoUring());
+  if (want("roots") || want("o_direct") || want("read")) {
+    std::vector<Check> roots = CheckRoots(&s);  // finds the sample shard
+    if (want("roots")) {
+      for (Check& c : roots) checks.push_back(std::move(c));
+    }
+  }
+  if (want("io_uring")) checks.push_back(CheckIoUring());
   bool direct = false;
-  checks.push_back(CheckDirectIo(s, &direct));
-  checks.push_back(CheckMemory(s));
-  checks.push_back(CheckSocketBuffer(s));
-  checks.push_back(CheckRead(s, direct));
+  Check o_direct = CheckDirectIo(s, &direct);
+  if (want("o_direct")) checks.push_back(std::move(o_direct));
+  if (want("memory")) checks.push_back(CheckMemory(s));
+  if (want("sockets")) checks.push_back(CheckSocketBuffer(s));
+  if (want("read")) checks.push_back(CheckRead(s, direct));
 
   int failures = 0, warnings = 0;
   for (const Check& c : checks) {
@@ -678,6 +787,9 @@ Command DoctorCommand() {
       "asks for each local connection (socket_send_buffer, default 4M)\n"
       "  read      a sequential read of one shard (--read-bytes, default "
       "64M), O_DIRECT when supported, else with its cached pages dropped\n"
+      "  sweep     (a sweep's daemon only, docs/sweeps.md) every other "
+      "node's daemon answers over the sweep's TLS and agrees: node order, "
+      "--block-bytes, and the same content hash for every dataset\n"
       "The daemon's address is --server, else $SHARDCAST_ADDRESS, else the "
       "config's \"listen\", else unix:/run/shardcast/shardcastd.sock. Roots "
       "and the reservoir size come from --root/--reservoir-bytes, else the "
@@ -692,6 +804,12 @@ Command DoctorCommand() {
        {"no-daemon", nullptr,
         "no daemon is expected yet (per-job setups): its absence is a "
         "warning, not a failure"},
+       {"only", "NAMES",
+        "run only these checks, comma-separated (daemon, sweep, roots, "
+        "io_uring, o_direct, memory, sockets, read)"},
+       {"sweep-wait", "S",
+        "a sweep's peers that do not answer yet are asked again for up to S "
+        "seconds (default 0: once); a job's daemons start together"},
        {"json", nullptr, "print machine-readable JSON"}},
       RunDoctor,
   };

@@ -373,6 +373,22 @@ done
 export SHARDCAST_ADDRESS="unix:$sock"
 say "shardcastd (pid $daemon_pid) ready at $SHARDCAST_ADDRESS after $((SECONDS - start)) s; log $log"
 
+# A sweep, before COMMAND's first epoch: every other node's daemon answers
+# (they start together: waited for up to the ready timeout) and has the same
+# node order, --block-bytes and datasets (content hashes). If not, the job
+# still runs: this node reads those peers' shares itself (slower, exact).
+if [[ ${#sweep_args[@]} -gt 0 ]]; then
+  check=$(timeout $((ready_timeout + 30)) "$cli_bin" --server "unix:$sock" doctor \
+    --only sweep --sweep-wait "$ready_timeout" 2>&1) && ok=1 || ok=0
+  check=${check%%$'\n'verdict:*}
+  if [[ $ok -eq 1 ]]; then
+    read -r _ _ detail <<<"$check"  # "ok sweep DETAIL", one line
+    say "sweep check: $detail"
+  else
+    say "WARNING: sweep check failed; shares of the peers named are read on this node: ${check//$'\n'/ }"
+  fi
+fi
+
 # ---------------------------------------------------------------------------
 # COMMAND, with our standard input (a background command's would otherwise
 # be /dev/null). Without a terminal (batch jobs) it gets its own process

@@ -381,6 +381,23 @@ class Client {
   /// integers as JSON numbers. What `shardcast status --json` prints; a
   /// field the daemon adds shows up here with no change to the client.
   absl::StatusOr<std::string> GetStatusJson();
+  /// A sweep's daemon asks each of its peers who it is and whether they
+  /// agree (Admin.CheckSweep): one entry per other node, in node order.
+  struct SweepPeer {
+    int64_t node = 0;
+    std::string address;
+    /// Empty: it answered and agrees (node order, --block-bytes, the
+    /// content hash of every dataset this caller may read).
+    std::vector<std::string> problems;
+  };
+  struct SweepCheck {
+    int64_t node = 0;      // the asked daemon's place in the sweep
+    int64_t datasets = 0;  // datasets compared
+    std::vector<SweepPeer> peers;
+  };
+  /// FAILED_PRECONDITION when the daemon is not in a sweep; UNIMPLEMENTED
+  /// from a daemon older than sweeps.
+  absl::StatusOr<SweepCheck> CheckSweep();
   /// grpc.health.v1 serving states.
   enum class Health { kUnknown = 0, kServing = 1, kNotServing = 2 };
   /// Asks the standard grpc.health.v1.Health/Check ("" = the whole server)

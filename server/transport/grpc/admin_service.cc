@@ -40,6 +40,13 @@ void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
 
 grpc::ServerUnaryReactor* AdminService::Done(grpc::CallbackServerContext* ctx,
                                              const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Finish(reactor, status);
+  return reactor;
+}
+
+void AdminService::Finish(grpc::ServerUnaryReactor* reactor,
+                          const absl::Status& status) {
   context_.metrics->calls_total++;
   context_.metrics->CallDone(status.code());
   // The daemon tears the engine down after the server's Wait(), which
@@ -47,8 +54,23 @@ grpc::ServerUnaryReactor* AdminService::Done(grpc::CallbackServerContext* ctx,
   // so the handler says so (the daemon acquires after Wait,
   // common/base/tsan.h).
   TsanRelease(context_.metrics);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* AdminService::CheckSweep(
+    grpc::CallbackServerContext* ctx, const v1::CheckSweepRequest*,
+    v1::CheckSweepResponse* response) {
+  if (sweep_ == nullptr) {
+    return Done(ctx, absl::FailedPreconditionError(
+                         "this daemon is not in a sweep (no --sweep-peer)"));
+  }
+  // Asking the peers blocks (up to 5 s): on a worker, not gRPC's thread.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  context_.pool->Submit([this, caller = CallerOf(context_, ctx), response,
+                         reactor] {
+    *response = sweep_->Check(SweepHello(context_, caller, sweep_->sweep()));
+    Finish(reactor, absl::OkStatus());
+  });
   return reactor;
 }
 

@@ -4,13 +4,43 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/base/waiter.h"
+#include "common/format/pyjson.h"
 #include "proto/grpc_status.h"
 #include "server/transport/grpc/stream_reactor.h"
 
 namespace shardcast {
+
+v1::PeerHello SweepHello(const TransportContext& context, const Caller& caller,
+                         const SweepOptions& sweep) {
+  v1::PeerHello hello;
+  hello.set_node(sweep.self);
+  for (const std::string& p : sweep.peers) hello.add_peers(p);
+  hello.set_block_bytes(sweep.block_bytes);
+  for (const auto& entry : context.engine->catalog().List()) {
+    if (!entry->status.ok() || !entry->info.has_value() ||
+        !CheckCaller(context, caller, entry->id).ok()) {
+      continue;
+    }
+    const DatasetDesc& d = entry->info->desc;
+    v1::PeerDataset* out = hello.add_datasets();
+    out->set_id(ValidUtf8(entry->id));  // proto strings are UTF-8
+    out->set_hash(entry->info->hash);
+    out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
+  }
+  return hello;
+}
+
+grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const v1::PeerHello*,
+                                v1::PeerHello* response) {
+  *response = SweepHello(context_, CallerOf(context_, ctx), sweep_);
+  return grpc::Status::OK;
+}
+
 grpc::Status PeerService::SharePass(
     grpc::ServerContext* ctx, const v1::SharePassRequest* request,
     grpc::ServerWriter<v1::ShareBlock>* writer) {
@@ -19,6 +49,7 @@ grpc::Status PeerService::SharePass(
         absl::StrCat("from_node ", request->from_node(),
                      " is not a node of this sweep of ", nodes_)));
   }
+  const std::string from = ctx->peer();  // "unknown" once cancelled
   const Caller caller = CallerOf(context_, ctx);
   absl::Status st = CheckCaller(context_, caller, request->dataset());
   if (!st.ok()) return ToGrpcStatus(st);
@@ -35,6 +66,13 @@ grpc::Status PeerService::SharePass(
       context_.engine->OpenShareFeed(request->dataset(), o->spec,
                                      request->seed(), ctx->peer());
   if (!feed.ok()) return ToGrpcStatus(feed.status());
+  const std::string& hash = (*feed)->reader().info().hash;
+  if (!request->hash().empty() && request->hash() != hash) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", PublicDatasetId(request->dataset()), " has content hash ",
+        hash, " here, ", request->hash(),
+        " on the asking node: another copy (shardcast doctor compares them)")));
+  }
   const BlockLayout& layout = (*feed)->layout();
   if (layout.vectors_per_block != request->vectors_per_block() ||
       layout.num_blocks != request->num_blocks()) {
@@ -59,7 +97,18 @@ grpc::Status PeerService::SharePass(
     *out.mutable_vectors() = BlockVectors(*t->block);
     t->block.reset();  // its slot goes back before the write waits
     const uint64_t bytes = out.vectors().size();
-    if (!writer->Write(out)) {
+    const int64_t wait = stalls_.Begin([ctx] { ctx->TryCancel(); });
+    const bool written = writer->Write(out);
+    if (stalls_.End(wait)) {
+      const double s = std::chrono::duration<double>(stalls_.limit()).count();
+      LogWarning("sweep: node ", request->from_node(), " (", from,
+                 ") took nothing of share ", request->share(), " of ",
+                 PublicDatasetId(request->dataset()), " for ", s,
+                 " s (--sweep-peer-timeout): its pass is dropped");
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("took nothing for ", s, " s"));
+    }
+    if (!written) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the peer went away");
     }
     sent_[static_cast<size_t>(request->from_node())] += bytes;
@@ -67,9 +116,10 @@ grpc::Status PeerService::SharePass(
   return grpc::Status(grpc::StatusCode::CANCELLED, "the peer cancelled");
 }
 
-PeerLinks::PeerLinks(PeerLinksOptions options)
+PeerLinks::PeerLinks(SweepOptions options)
     : options_(std::move(options)),
-      received_(new std::atomic<uint64_t>[options_.peers.size()]()) {
+      received_(new std::atomic<uint64_t>[options_.peers.size()]()),
+      stalls_(options_.timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a block is up to --block-bytes
   for (size_t i = 0; i < options_.peers.size(); ++i) {
@@ -91,6 +141,76 @@ PeerLinks::~PeerLinks() {
     feeds.swap(feeds_);
   }
   for (Feed& f : feeds) f.thread.join();
+}
+
+v1::CheckSweepResponse PeerLinks::Check(const v1::PeerHello& mine) const {
+  const size_t n = stubs_.size();
+  std::vector<v1::PeerHello> answers(n);
+  std::vector<absl::Status> errors(n);
+  {
+    v1::PeerHello request = mine;
+    request.clear_datasets();  // the answer is what counts
+    std::vector<std::thread> asks;
+    for (size_t i = 0; i < n; ++i) {
+      if (stubs_[i] == nullptr) continue;
+      asks.emplace_back([&, i] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+        errors[i] =
+            FromGrpcStatus(stubs_[i]->Hello(&ctx, request, &answers[i]));
+      });
+    }
+    for (std::thread& t : asks) t.join();
+  }
+  v1::CheckSweepResponse out;
+  out.set_node(options_.self);
+  out.set_datasets(mine.datasets_size());
+  const std::string order = absl::StrJoin(mine.peers(), ", ");
+  for (size_t i = 0; i < n; ++i) {
+    if (stubs_[i] == nullptr) continue;
+    v1::SweepPeerCheck* c = out.add_peers();
+    c->set_node(static_cast<int64_t>(i));
+    c->set_address(options_.peers[i]);
+    if (!errors[i].ok()) {
+      c->add_problems(absl::StrCat("unreachable: ", errors[i].ToString()));
+      continue;
+    }
+    const v1::PeerHello& a = answers[i];
+    if (a.node() != static_cast<int64_t>(i)) {
+      c->add_problems(absl::StrCat("it is node ", a.node(),
+                                   " of its sweep (--node-rank), not ", i));
+    }
+    if (absl::StrJoin(a.peers(), ", ") != order) {
+      c->add_problems(absl::StrCat("its peers are [",
+                                   absl::StrJoin(a.peers(), ", "),
+                                   "], this node's [", order, "]"));
+    }
+    if (a.block_bytes() != mine.block_bytes()) {
+      c->add_problems(absl::StrCat("--block-bytes ", a.block_bytes(),
+                                   " there, ", mine.block_bytes(), " here"));
+    }
+    absl::flat_hash_map<std::string, const v1::PeerDataset*> theirs;
+    for (const v1::PeerDataset& d : a.datasets()) theirs[d.id()] = &d;
+    for (const v1::PeerDataset& d : mine.datasets()) {
+      auto it = theirs.find(d.id());
+      if (it == theirs.end()) {
+        c->add_problems(absl::StrCat(
+            "dataset ", d.id(),
+            " is not there (not under its roots, rejected, or this node's "
+            "certificate may not read it)"));
+      } else if (it->second->hash() != d.hash()) {
+        c->add_problems(absl::StrCat("dataset ", d.id(), " has content hash ",
+                                     it->second->hash(), " there, ", d.hash(),
+                                     " here"));
+      } else if (it->second->bytes() != d.bytes()) {
+        c->add_problems(absl::StrCat("dataset ", d.id(), " is ",
+                                     it->second->bytes(), " bytes there, ",
+                                     d.bytes(), " here"));
+      }
+    }
+  }
+  return out;
 }
 
 void PeerLinks::OnSweepScan(const std::shared_ptr<SharedScan>& scan,
@@ -117,6 +237,7 @@ void PeerLinks::OnSweepScan(const std::shared_ptr<SharedScan>& scan,
     r.set_vectors_per_block(scan->layout().vectors_per_block);
     r.set_num_blocks(scan->layout().num_blocks);
     r.set_from_node(options_.self);
+    r.set_hash(scan->reader().info().hash);
     auto done = std::make_shared<std::atomic<bool>>(false);
     feeds_.push_back({std::thread([this, weak = std::weak_ptr<SharedScan>(scan),
                                    peer, r, done] {
@@ -161,7 +282,15 @@ void PeerLinks::Run(std::weak_ptr<SharedScan> weak, size_t peer,
     reader = stubs_[peer]->SharePass(ctx.get(), request);
     return PassReader([&]() -> absl::StatusOr<std::optional<PeerBlock>> {
       v1::ShareBlock m;
-      if (reader->Read(&m)) {
+      const int64_t wait = stalls_.Begin([c = ctx.get()] { c->TryCancel(); });
+      const bool got = reader->Read(&m);
+      if (stalls_.End(wait)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("peer ", address, " sent nothing for ",
+                         std::chrono::duration<double>(stalls_.limit()).count(),
+                         " s (--sweep-peer-timeout)"));
+      }
+      if (got) {
         received_[peer] += m.vectors().size();
         return PeerBlock{m.block(), std::move(*m.mutable_vectors())};
       }

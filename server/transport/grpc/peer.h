@@ -7,6 +7,7 @@
 #define SHARDCAST_SERVER_TRANSPORT_GRPC_PEER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "common/base/mutex.h"
+#include "common/base/stall_watch.h"
 #include "grpcpp/grpcpp.h"
 #include "server/engine/sweep.h"
 #include "server/transport/grpc/context.h"
@@ -22,20 +24,48 @@
 
 namespace shardcast {
 
-/// Peer.SharePass: one pass over a share of this daemon's sweep scan. A
-/// synchronous service: each call holds a thread of gRPC's while it sends,
-/// and a sweep has a handful of peers. The caller must pass the access rule
-/// as a remote client (Engine::CheckAccess).
+/// This daemon's part in a sweep: what its Peer service and its links to
+/// the other nodes share.
+struct SweepOptions {
+  /// Every node's daemon, by TCP address, in node order.
+  std::vector<std::string> peers;
+  int64_t self = 0;  // this node's index in `peers`
+  /// --block-bytes: every node's must be the same (Peer.Hello says it).
+  uint64_t block_bytes = 0;
+  /// How this daemon authenticates to its peers (mutual TLS: its own
+  /// certificate, the peers' CA).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  /// A peer that sends nothing this long while this node waits for its
+  /// share, or takes nothing while this node's scan waits for its pass
+  /// (dead, frozen, cut off), is given up: its share is read here, its pass
+  /// dropped.
+  std::chrono::nanoseconds timeout = std::chrono::seconds(30);
+};
+
+/// This daemon's Peer.Hello as `caller` may see it: its place in the sweep
+/// and the content hashes of the datasets `caller` may read.
+v1::PeerHello SweepHello(const TransportContext& context, const Caller& caller,
+                         const SweepOptions& sweep);
+
+/// Peer.SharePass: one pass over a share of this daemon's sweep scan, and
+/// Peer.Hello. A synchronous service: each call holds a thread of gRPC's while
+/// it sends, and a sweep has a handful of peers. The caller must pass the
+/// access rule as a remote client (Engine::CheckAccess). A pass whose receiver
+/// takes nothing for `timeout` (dead, frozen, cut off) is cancelled, so that
+/// this node's scan, which waits for every pass, goes on without it.
 class PeerService final : public v1::Peer::Service {
  public:
-  /// `nodes`: the sweep's node count (a request's from_node is below it).
-  PeerService(TransportContext context, int64_t nodes)
+  PeerService(TransportContext context, SweepOptions sweep)
       : context_(context),
-        nodes_(nodes),
-        sent_(new std::atomic<uint64_t>[static_cast<size_t>(nodes)]()) {}
+        sweep_(std::move(sweep)),
+        nodes_(static_cast<int64_t>(sweep_.peers.size())),
+        sent_(new std::atomic<uint64_t>[sweep_.peers.size()]()),
+        stalls_(sweep_.timeout) {}
   grpc::Status SharePass(grpc::ServerContext* ctx,
                          const v1::SharePassRequest* request,
                          grpc::ServerWriter<v1::ShareBlock>* writer) override;
+  grpc::Status Hello(grpc::ServerContext* ctx, const v1::PeerHello* request,
+                     v1::PeerHello* response) override;
 
   /// Bytes of blocks sent to node `node`.
   uint64_t bytes_sent(int64_t node) const {
@@ -44,26 +74,19 @@ class PeerService final : public v1::Peer::Service {
 
  private:
   const TransportContext context_;
+  const SweepOptions sweep_;
   const int64_t nodes_;
   const std::unique_ptr<std::atomic<uint64_t>[]> sent_;  // by node
-};
-
-struct PeerLinksOptions {
-  /// Every node's daemon, by TCP address, in node order.
-  std::vector<std::string> peers;
-  int64_t self = 0;  // this node's index in `peers`
-  /// How this daemon authenticates to its peers (mutual TLS: its own
-  /// certificate, the peers' CA).
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  StallWatch stalls_;                                    // writes to receivers
 };
 
 /// The links that bring the other nodes' shares into this node's sweep
 /// scans: for each sweep scan that starts, one thread per peer runs
-/// FeedScan, each pass a SharePass call. A link that fails has the scan
-/// read that share itself (logged). Thread-safe.
+/// FeedScan, each pass a SharePass call. A link that fails or stalls has
+/// the scan read that share itself (logged). Thread-safe.
 class PeerLinks {
  public:
-  explicit PeerLinks(PeerLinksOptions options);
+  explicit PeerLinks(SweepOptions options);
   /// Cancels the calls in flight and joins the threads.
   ~PeerLinks();
   PeerLinks(const PeerLinks&) = delete;
@@ -81,11 +104,18 @@ class PeerLinks {
     return received_[static_cast<size_t>(node)].load();
   }
 
+  /// Asks every other node's daemon who it is (Peer.Hello, all at once,
+  /// each within 5 s) and compares its answer with `mine`: the node order,
+  /// --block-bytes, and every dataset of `mine` (the same content hash and
+  /// size there). Blocks while it asks.
+  v1::CheckSweepResponse Check(const v1::PeerHello& mine) const;
+  const SweepOptions& sweep() const { return options_; }
+
  private:
   void Run(std::weak_ptr<SharedScan> scan, size_t peer,
            v1::SharePassRequest request);
 
-  const PeerLinksOptions options_;
+  const SweepOptions options_;
   std::vector<std::unique_ptr<v1::Peer::Stub>> stubs_;  // by peer
   std::atomic<bool> stop_{false};
   const std::unique_ptr<std::atomic<uint64_t>[]> received_;  // by node
@@ -98,6 +128,7 @@ class PeerLinks {
   };
   std::vector<Feed> feeds_ ABSL_GUARDED_BY(mu_);
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  StallWatch stalls_;  // reads from peers
 };
 
 }  // namespace shardcast

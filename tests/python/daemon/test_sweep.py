@@ -8,37 +8,73 @@ from the devices (/proc/<pid>/io read_bytes of each daemon, the kernel's
 count), not once per node.
 """
 
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
 import threading
+import time
+from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
 
-from package_fixtures import (assert_exact_epoch,  # noqa: F401
-                              datasets, package_logs, sockdir, start_daemon)
+from package_fixtures import (SHARDCAST_BIN, Reference, assert_exact_epoch,  # noqa: F401
+                              datasets, package_logs, sockdir, start_daemon, synth)
 from sysprobe import evict, free_ports, proc_read_bytes
 # 24 examples, layer 12 of content tokens selected: 24 x 127 x 4 KiB vectors.
 from test_node_groups import cold_dataset  # noqa: F401
 from test_scan_io import o_direct_works
 
 import shardcast
+from shardcast.v1 import shardcast_pb2 as pb
+from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
 TRAINERS = 2
 # 256 KiB blocks: ~50 of them in the selection, so each node reads many.
 DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "256K", "--shuffle-window", "4",
-          "--lag-blocks", "16", "--query-threads", "2", "--scan-start-delay-ms", "300")
+          "--lag-blocks", "16", "--query-threads", "2", "--scan-start-delay-ms", "1000")
 
 
-def start_sweep(start_daemon, root, nodes):
-    ports = free_ports(nodes)
+def start_sweep(start_daemon, root, nodes, security=None, ports=None, ranks=None, extra=()):
+    """Daemons of a sweep of `nodes` (those of `ranks`, default all), node n
+    with the TCP flags security[n] (default --insecure-tcp), listening on
+    ports[n] (default free ones), each with the flags `extra` too."""
+    ports = ports or free_ports(nodes)
+    security = security or [("--insecure-tcp",)] * nodes
     peers = []
     for p in ports:
         peers += ["--sweep-peer", f"127.0.0.1:{p}"]
-    daemons = [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
-                            "--node-rank", n, *peers, roots=[root], small=False)
-               for n in range(nodes)]
+    daemons = [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", *security[n],
+                            "--node-rank", n, *peers, *extra, roots=[root], small=False)
+               for n in (range(nodes) if ranks is None else ranks)]
     for d in daemons:
         d.peers = [f"127.0.0.1:{p}" for p in ports]
     return daemons
+
+
+def share_bytes(ref, nodes, layer=12):
+    """Bytes of each node's share of the selection: block b (64 vectors of
+    4 KiB, the last one shorter) is share b mod nodes."""
+    share = [0] * nodes
+    per_block = 64
+    count = len(ref.selection(layer))
+    for b in range((count + per_block - 1) // per_block):
+        share[b % nodes] += min(per_block, count - b * per_block) * ref.D * 4
+    return share
+
+
+def link_bytes(daemon):
+    """({peer: bytes received}, {peer: bytes sent}) from the daemon's status."""
+    figures = {f.name: f for f in shardcast.Client(daemon.address).status().figures}
+    return tuple({s.labels[0]: s.value for s in figures[name].samples}
+                 for name in ("shardcast_peer_received_bytes_total",
+                              "shardcast_peer_sent_bytes_total"))
 
 
 def trainer(daemon, ref, layer, seed, out, errors, epochs=1):
@@ -90,17 +126,9 @@ def test_a_sweep_reads_the_selection_once_and_every_trainer_gets_it_all(
     # Status and /metrics say what went over each link: node n received each
     # other node's share and sent its own to each (block sizes from the
     # selection: 64 vectors of 4 KiB, the last block shorter).
-    share = [0] * nodes
-    per_block = 64
-    count = len(ref.selection(12))
-    for b in range((count + per_block - 1) // per_block):
-        share[b % nodes] += min(per_block, count - b * per_block) * ref.D * 4
+    share = share_bytes(ref, nodes)
     for n, d in enumerate(daemons):
-        figures = {f.name: f for f in shardcast.Client(d.address).status().figures}
-        got = {s.labels[0]: s.value
-               for s in figures["shardcast_peer_received_bytes_total"].samples}
-        sent = {s.labels[0]: s.value
-                for s in figures["shardcast_peer_sent_bytes_total"].samples}
+        got, sent = link_bytes(d)
         for m in range(nodes):
             if m == n:
                 continue
@@ -164,3 +192,440 @@ def test_a_peer_killed_mid_epoch_leaves_every_epoch_exact(start_daemon, cold_dat
                                ref.selection(12))
     log = Path(daemons[0].log).read_text()
     assert "is read here from now on" in log, log[-3000:]
+
+
+# ---------------------------------------------------------------------------
+# Mutual TLS between the daemons.
+
+def _openssl(*args, cwd):
+    proc = subprocess.run(["openssl", *args], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=60)
+    assert proc.returncode == 0, f"openssl {' '.join(args)}: {proc.stderr.decode()}"
+
+
+EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def make_ca(d, ca):
+    """A test CA in d: ca.key, ca.crt (EC keys: fast)."""
+    _openssl("req", "-x509", *EC, "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", "2",
+             "-subj", f"/CN=shardcast test {ca}", cwd=d)
+    return d / f"{ca}.crt"
+
+
+def node_flags(d, ca, name, trusted_ca):
+    """--tls-cert/--tls-key of a certificate `name` signed by `ca`, for
+    127.0.0.1, server and client (a daemon presents it to the peers it
+    dials too), and --tls-client-ca trusted_ca (the CA it checks peers with)."""
+    _openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", f"/CN=shardcast test {name}", cwd=d)
+    (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n"
+                                   "extendedKeyUsage=serverAuth,clientAuth\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
+             "-extfile", f"{name}.ext", cwd=d)
+    return ("--tls-cert", d / f"{name}.crt", "--tls-key", d / f"{name}.key",
+            "--tls-client-ca", trusted_ca)
+
+
+@pytest.fixture
+def certs(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed (needed for test certificates)")
+    d = tmp_path / "certs"
+    d.mkdir()
+    return d
+
+
+def tls_health(port, d, name, ca="ca"):
+    """Whether the daemon on `port` lets a client with certificate `name`
+    (files in d) in: its health check over TLS, checking the daemon's
+    certificate with `ca`."""
+    creds = grpc.ssl_channel_credentials(
+        (d / f"{ca}.crt").read_bytes(), (d / f"{name}.key").read_bytes(),
+        (d / f"{name}.crt").read_bytes())
+    with grpc.secure_channel(f"127.0.0.1:{port}", creds) as channel:
+        try:
+            return channel.unary_unary("/grpc.health.v1.Health/Check")(
+                b"", timeout=5) == b"\x08\x01"
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            return False
+
+
+def test_sweep_peers_over_mutual_tls_read_the_selection_once(start_daemon, cold_dataset, certs):
+    """Two daemons, each with a certificate of one test CA and that CA as
+    --tls-client-ca (no --insecure-tcp), trade their shares over mutual TLS:
+    no access rule is needed (without --remote-root a peer with a valid
+    certificate may read every catalog dataset). Every trainer's epoch is
+    exact, each link carried the other node's share, and the devices read
+    the selection once (where O_DIRECT works: else reads go through the cache)."""
+    root, ref = cold_dataset
+    ca = make_ca(certs, "ca")
+    daemons = start_sweep(start_daemon, root, 2,
+                          security=[node_flags(certs, "ca", f"node{n}", ca) for n in range(2)])
+    evict(Path(ref.path).glob("acts*.bin"))
+    before = [proc_read_bytes(d.proc.pid) for d in daemons]
+    for out in run_trainers(daemons, ref, 12):
+        assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
+    read = sum(proc_read_bytes(d.proc.pid) - b for d, b in zip(daemons, before))
+    selected = len(ref.selection(12)) * ref.D * 4
+    if o_direct_works(ref.path):
+        assert 0.95 * selected <= read <= 1.05 * selected, (read, selected, read / selected)
+    share = share_bytes(ref, 2)
+    for n, d in enumerate(daemons):
+        got, sent = link_bytes(d)
+        peer = d.peers[1 - n]
+        assert got[peer] == share[1 - n] > 0, (n, got, share)
+        assert sent[peer] == share[n] > 0, (n, sent, share)
+        assert "is read here from now on" not in Path(d.log).read_text()
+
+
+def test_a_peer_with_a_certificate_of_another_ca_is_refused(start_daemon, cold_dataset, certs):
+    """Nodes 0 and 1 have certificates of the sweep's CA; node 2's is signed
+    by another CA (it trusts the sweep's CA, so only the others' checks can
+    keep it out). Nodes 0 and 1 refuse node 2's calls (a client with its
+    certificate is not let in), and node 2's certificate fails their check
+    when they dial it: each side reads the share it could not fetch itself,
+    and says so in its log. Nodes 0 and 1 still trade their shares, and
+    every trainer on the three nodes gets an exact epoch."""
+    root, ref = cold_dataset
+    ca = make_ca(certs, "ca")
+    make_ca(certs, "rogue-ca")
+    security = [node_flags(certs, "ca", "node0", ca), node_flags(certs, "ca", "node1", ca),
+                node_flags(certs, "rogue-ca", "node2", ca)]
+    daemons = start_sweep(start_daemon, root, 3, security=security)
+    ports = [d.peers[n].rpartition(":")[2] for n, d in enumerate(daemons)]
+    assert tls_health(ports[0], certs, "node1")  # the sweep's certificates let in,
+    assert not tls_health(ports[0], certs, "node2")  # the other CA's refused;
+    assert tls_health(ports[2], certs, "node0", ca="rogue-ca")  # node 2 lets node 0 in,
+    assert not tls_health(ports[2], certs, "node0")  # but node 2's certificate fails the CA
+    for out in run_trainers(daemons, ref, 12):
+        assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
+    share = share_bytes(ref, 3)
+    for n in range(2):
+        got, _ = link_bytes(daemons[n])
+        assert got[daemons[n].peers[1 - n]] == share[1 - n] > 0, (n, got, share)
+        assert got.get(daemons[n].peers[2], 0) == 0, (n, got)
+        log = Path(daemons[n].log).read_text()
+        assert f"share 2 of {ref.id} from {daemons[n].peers[2]} is read here from now on" \
+            in log, log[-3000:]
+    log = Path(daemons[2].log).read_text()
+    for m in range(2):
+        assert f"share {m} of {ref.id} from {daemons[2].peers[m]} is read here from now on" \
+            in log, log[-3000:]
+    assert not any(link_bytes(daemons[2])[0].values()), link_bytes(daemons[2])
+
+
+# ---------------------------------------------------------------------------
+# A peer that sends garbage.
+
+class FakePeer(pb_grpc.PeerServicer):
+    """Node 1 of 2 (share 1: the odd blocks) as a Python gRPC server. Each
+    pass makes the share's blocks with their true vectors (numpy's, in
+    selection order) and sends what `answer(request, blocks, context)`
+    yields of them (or aborts the call)."""
+
+    def __init__(self, ref, answer):
+        self.ref, self.answer, self.requests = ref, answer, []
+
+    def block(self, request, b):
+        vpb = request.vectors_per_block
+        rows = self.ref.selection(request.layer)[b * vpb:(b + 1) * vpb]
+        vectors = np.stack([self.ref.vector(*r) for r in rows]).astype("<f4")
+        return pb.ShareBlock(block=b, vectors=vectors.tobytes())
+
+    def SharePass(self, request, context):
+        self.requests.append(request)
+        selected = len(self.ref.selection(request.layer))
+        if (request.share, request.shares, request.tokens) != (1, 2, pb.TOKENS_CONTENT) or \
+                request.num_blocks != -(-selected // request.vectors_per_block):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unexpected {request}")
+        blocks = [self.block(request, b) for b in range(1, request.num_blocks, 2)]
+        yield from self.answer(request, blocks, context)
+
+
+@contextmanager
+def fake_peer(ref, answer):
+    """A FakePeer listening on a free loopback port: (its port, it)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    peer = FakePeer(ref, answer)
+    pb_grpc.add_PeerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port, peer
+    finally:
+        server.stop(0)
+
+
+def odd_out_of_range(request):
+    b = request.num_blocks + 5
+    return b + 1 - b % 2  # of share 1, so that only the range check can refuse it
+
+
+def with_bytes(blocks, vectors):
+    return [blocks[0], pb.ShareBlock(block=blocks[1].block, vectors=vectors(blocks[1].vectors))]
+
+
+def aborted(request, blocks, context):
+    yield from blocks[:3]
+    context.abort(grpc.StatusCode.INTERNAL, "the fake peer gives up")
+
+
+# (answer, what the daemon's log says about it); each answer sends a valid
+# block first, so that the take-over follows a partial delivery.
+BLOCK = 64 * 4096  # bytes of block 3 (a full one)
+GARBAGE = {
+    "out of range": (lambda r, bl, c: [bl[0], pb.ShareBlock(block=odd_out_of_range(r),
+                                                            vectors=bl[1].vectors)],
+                     lambda r: f"block {odd_out_of_range(r)} is not one of the selection's "
+                               f"{r.num_blocks}"),
+    "negative": (lambda r, bl, c: [bl[0], pb.ShareBlock(block=-1, vectors=bl[1].vectors)],
+                 lambda r: "the peer of share 1 sent block -1, not of that share"),
+    "too few bytes": (lambda r, bl, c: with_bytes(bl, lambda v: v[:-4]),
+                      lambda r: f"block 3 has {BLOCK} bytes of vectors, not {BLOCK - 4}"),
+    "too many bytes": (lambda r, bl, c: with_bytes(bl, lambda v: v + b"\0" * 4),
+                       lambda r: f"block 3 has {BLOCK} bytes of vectors, not {BLOCK + 4}"),
+    "empty": (lambda r, bl, c: with_bytes(bl, lambda v: b""),
+              lambda r: f"block 3 has {BLOCK} bytes of vectors, not 0"),
+    "other share": (lambda r, bl, c: [bl[0], pb.ShareBlock(block=2, vectors=bl[1].vectors)],
+                    lambda r: "the peer of share 1 sent block 2, not of that share"),
+    "aborted": (aborted, lambda r: "the fake peer gives up"),
+    "repeated": (lambda r, bl, c: [bl[0]] + bl,
+                 lambda r: "the peer of share 1 sent block 1 twice in one pass"),
+    # A pass that ends (OK) before the whole share: asked again, such a
+    # peer would be asked forever.
+    "short pass": (lambda r, bl, c: bl[:2],
+                   lambda r: f"the peer of share 1 ended a pass after 2 of the share's "
+                             f"{r.num_blocks // 2} blocks"),
+}
+
+
+@pytest.mark.parametrize("case", list(GARBAGE))
+def test_a_peer_that_sends_garbage_is_dropped_and_its_share_read_here(
+        start_daemon, cold_dataset, case):
+    """Node 1 of the sweep is a fake peer that answers node 0's SharePass
+    with valid blocks and then garbage (a block out of range or of the
+    other share, one of the wrong size, or an error status). Node 0 refuses
+    it, says why in its log, reads share 1 itself, and both its trainers
+    get an exact epoch; it is still up and answers status afterwards. A
+    block sent twice in a pass, or a pass that ends short, is refused too."""
+    root, ref = cold_dataset
+    answer, message = GARBAGE[case]
+    with fake_peer(ref, answer) as (port, peer):
+        daemon, = start_sweep(start_daemon, root, 2, ports=[free_ports(1)[0], port], ranks=[0])
+        for out in run_trainers([daemon], ref, 12):
+            assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
+    assert peer.requests, "node 0 never asked the fake peer for share 1"
+    log = Path(daemon.log).read_text()
+    taken_over = f"share 1 of {ref.id} from 127.0.0.1:{port} is read here from now on"
+    assert taken_over in log, log[-3000:]
+    assert message(peer.requests[0]) in log, log[-3000:]
+    assert daemon.proc.poll() is None
+    assert shardcast.Client(daemon.address).status().figures
+
+
+def silent(request, blocks, context):
+    """One block, then nothing for as long as the call lasts (alive, but
+    sending nothing)."""
+    yield blocks[0]
+    while context.is_active():
+        time.sleep(0.05)
+
+
+def test_a_silent_peer_is_given_up_after_the_timeout(start_daemon, cold_dataset):
+    """Node 1 is a fake peer that answers node 0's pass with one block and
+    then nothing, without ending the call. After --sweep-peer-timeout (2 s)
+    node 0 gives it up, says so, and reads share 1 itself: both trainers'
+    epochs are exact."""
+    root, ref = cold_dataset
+    with fake_peer(ref, silent) as (port, peer):
+        daemon, = start_sweep(start_daemon, root, 2, ports=[free_ports(1)[0], port], ranks=[0],
+                              extra=("--sweep-peer-timeout", "2"))
+        for out in run_trainers([daemon], ref, 12):
+            assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
+    log = Path(daemon.log).read_text()
+    assert (f"share 1 of {ref.id} from 127.0.0.1:{port} is read here from now on" in log and
+            f"peer 127.0.0.1:{port} sent nothing for 2 s (--sweep-peer-timeout)" in log), \
+        log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def big_dataset(tmp_path_factory):
+    """One layer, 200 examples x 127 content tokens x 4 KiB (104 MB): each
+    node's share (52 MB) is more than TCP's buffers on loopback hold, so
+    that a frozen receiver stops its sender's writes."""
+    root = tmp_path_factory.mktemp("big")
+    path = synth(root, "--layers", "12", "--tokens", 127, "--cls", "--d-model", 1024,
+                 "--examples", 200, "--budget", 200 * 128, "--seed", 9)
+    return root, Reference(path)
+
+
+def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
+    """Node 1 of 2 is frozen (SIGSTOP) while both nodes' trainers stream:
+    its connections stay open, but it neither sends share 1 nor takes node
+    0's pass, whose writes stop once TCP's buffers are full. After
+    --sweep-peer-timeout (2 s) node 0 gives up both ways: it reads share 1
+    itself, and drops the pass its scan was waiting for. Node 0's trainers'
+    epochs are exact and its log says both."""
+    root, ref = big_dataset
+    daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
+    frozen = threading.Event()
+    results, errors, threads = [], [], []
+
+    def run(node, seed):
+        out = []
+        if node == 0:
+            results.append(out)
+        try:
+            with shardcast.Client(daemons[node].address) as client:
+                for b in client.stream(ref.id, layer=12, batch_size=1000, seed=seed,
+                                       epochs=1, copy=True):
+                    if node == 0:
+                        out.append((b.epoch, ref.batch_rows(b, 12)))
+                        if len(out) == 3 and not frozen.is_set():
+                            frozen.set()
+                            os.kill(daemons[1].proc.pid, signal.SIGSTOP)
+        except Exception as e:
+            if node == 0:  # node 1's trainers fail once it is killed
+                errors.append(e)
+
+    for node in (0, 1):
+        for t in range(TRAINERS):
+            threads.append(threading.Thread(target=run, args=(node, 10 * node + t)))
+    for t in threads:
+        t.start()
+    try:
+        for t in threads[:TRAINERS]:
+            t.join(timeout=120)
+    finally:
+        daemons[1].proc.kill()  # a stopped process dies of SIGKILL too
+        daemons[1].proc.wait()
+        daemons[1].killed = True  # on purpose: its exit is not a failure
+    for t in threads[TRAINERS:]:
+        t.join(timeout=30)
+    assert frozen.is_set()
+    assert not errors, errors
+    for out in results:
+        assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
+    log = Path(daemons[0].log).read_text()
+    peer = daemons[1].peers[1]
+    assert f"peer {peer} sent nothing for 2 s (--sweep-peer-timeout)" in log, log[-3000:]
+    assert ("took nothing of share 0 of" in log and
+            "for 2 s (--sweep-peer-timeout): its pass is dropped" in log), log[-3000:]
+
+
+# ---------------------------------------------------------------------------
+# shardcast doctor's sweep check.
+
+def doctor_sweep(daemon, *flags):
+    """(exit status, the sweep check of `shardcast doctor --json` or None)."""
+    proc = subprocess.run([str(SHARDCAST_BIN), "--server", daemon.address, "doctor", "--json",
+                           *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
+    return proc.returncode, checks.get("sweep")
+
+
+def two_copies(tmp_path):
+    """(root a, the dataset's directory in it): a small dataset, and under
+    tmp_path/b a copy with the same id whose metadata says another thing
+    (another content hash)."""
+    root = tmp_path / "a"
+    root.mkdir()
+    path = synth(root, "--layers", "6", "--tokens", 16, "--d-model", 32, "--examples", 64,
+                 "--seed", 3)
+    other = tmp_path / "b" / path.name
+    shutil.copytree(path, other)
+    (other / "SHA256SUMS").unlink(missing_ok=True)
+    meta = json.loads((other / "metadata.json").read_text())
+    meta["data"] = "another copy"
+    (other / "metadata.json").write_text(json.dumps(meta))
+    return root, path
+
+
+def test_a_peer_with_another_copy_of_the_dataset_is_refused(start_daemon, tmp_path):
+    """Two nodes whose datasets share an id but not a content hash: each
+    refuses to send its share to the other (their vectors must not mix into
+    one epoch), and each reads the whole selection itself, logged; every
+    trainer's epoch is exact against its own node's copy."""
+    root, path = two_copies(tmp_path)
+    ports = free_ports(2)
+    peers = [a for p in ports for a in ("--sweep-peer", f"127.0.0.1:{p}")]
+    daemons = [start_daemon("--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
+                            "--node-rank", n, *peers, roots=[r])
+               for n, r in enumerate([root, tmp_path / "b"])]
+    ref = Reference(path)
+    for out in run_trainers(daemons, ref, 6):
+        assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(6))
+    for n, d in enumerate(daemons):
+        log = Path(d.log).read_text()
+        assert re.search(rf"share {1 - n} of {path.name} from 127.0.0.1:{ports[1 - n]} is read "
+                         rf"here from now on: FAILED_PRECONDITION: .*dataset {path.name} has "
+                         rf"content hash [0-9a-f]{{64}} here, [0-9a-f]{{64}} on the asking node: "
+                         rf"another copy", log), log[-3000:]
+
+
+def test_a_dataset_attached_by_path_is_read_whole_without_the_peers(start_daemon, tmp_path,
+                                                                    cold_dataset):
+    """A sweep's node streams a dataset a trainer attached by path (not
+    under a root): its id is this daemon's own, which no peer could resolve,
+    so its scan is not a sweep's. Both trainers' epochs are exact and the
+    peers are never asked (no link fails, no bytes from them)."""
+    root, _ = cold_dataset
+    # 8 x 128 x 4 KiB: 16 blocks, so that both shares have some.
+    path = synth(tmp_path, "--layers", "6", "--tokens", 128, "--d-model", 1024,
+                 "--examples", 8, "--seed", 4)
+    daemons = start_sweep(start_daemon, root, 2)
+    ref = Reference(path)
+    with shardcast.Client(daemons[0].address) as c:
+        attached = c.attach(path).id
+    assert attached.startswith("@")
+    ref.id = attached
+    for out in run_trainers(daemons[:1], ref, 6):
+        assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(6))
+    log = Path(daemons[0].log).read_text()
+    assert "is read here from now on" not in log, log[-3000:]
+    received, _ = link_bytes(daemons[0])
+    assert sum(received.values()) == 0, received
+
+
+def test_doctor_says_whether_every_peer_answers_and_agrees(start_daemon, tmp_path):
+    """`shardcast doctor` on a sweep's node asks its daemon to ask every
+    peer (Peer.Hello): ok when they all answer with the same node order,
+    --block-bytes and content hash of every dataset; FAIL naming the
+    dataset when a peer's copy has another content hash (its metadata
+    differs), and naming the peer when it does not answer. --sweep-wait
+    waits for a peer that starts late. A daemon not in a sweep has no such
+    check."""
+    root, path = two_copies(tmp_path)
+    ports = free_ports(2)
+    peers = [a for p in ports for a in ("--sweep-peer", f"127.0.0.1:{p}")]
+
+    def node(n, root):
+        return start_daemon("--listen-tcp", f"127.0.0.1:{ports[n]}", "--insecure-tcp",
+                            "--node-rank", n, *peers, roots=[root])
+
+    node0 = node(0, root)
+    code, check = doctor_sweep(node0)  # node 1 is not up yet
+    assert code == 1 and check["verdict"] == "FAIL", check
+    assert f"node 1 at 127.0.0.1:{ports[1]}: unreachable" in check["detail"], check
+
+    late = threading.Timer(1.0, lambda: node(1, root))
+    late.start()
+    code, check = doctor_sweep(node0, "--sweep-wait", "30")
+    late.join()
+    assert check["verdict"] == "ok", check
+    assert check["detail"].startswith("node 0 of 2: every peer answers and agrees"), check
+    assert "content hash of 1 dataset)" in check["detail"], check
+
+    node2 = start_daemon("--listen-tcp", f"127.0.0.1:{free_ports(1)[0]}", "--insecure-tcp",
+                         "--node-rank", 1, *peers, roots=[tmp_path / "b"])
+    code, check = doctor_sweep(node2)  # node 1's place, the other copy
+    assert code == 1 and check["verdict"] == "FAIL", check
+    m = re.search(rf"node 0 at 127.0.0.1:{ports[0]}: dataset {path.name} has content hash "
+                  rf"([0-9a-f]{{64}}) there, ([0-9a-f]{{64}}) here", check["detail"])
+    assert m and m.group(1) == path.name and m.group(2) != path.name, check
+
+    alone = start_daemon(roots=[root])
+    assert doctor_sweep(alone)[1] is None

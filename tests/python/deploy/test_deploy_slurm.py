@@ -790,8 +790,9 @@ def test_example_sbatch_runs_its_trainers_through_the_wrapper(job, dataset, reap
 def test_wrapper_sweep_port_makes_the_nodes_daemons_a_sweep(job, dataset, reaper):
     """--sweep-port on two "nodes" (two wrappers here, their node list given
     by SHARDCAST_SWEEP_PEERS and SHARDCAST_NODE_RANK in place of Slurm's):
-    each daemon is told the other and reads one share, and each node's
-    trainer gets one exact epoch of every vector."""
+    each daemon is told the other and reads one share, the wrapper checks
+    that they answer each other and agree before its command starts, and
+    each node's trainer gets one exact epoch of every vector."""
     from sysprobe import free_ports
     peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
     procs = []
@@ -808,6 +809,9 @@ def test_wrapper_sweep_port_makes_the_nodes_daemons_a_sweep(job, dataset, reaper
         reaper.finish(p)
         assert p.returncode == 0, p.describe
         assert f"sweep: node {rank} of 2" in p.err, p.describe
+        # Before the trainer: the doctor's check that the peers answer and agree.
+        assert (f"sweep check: node {rank} of 2: every peer answers and agrees (node order, "
+                "--block-bytes, the content hash of 1 dataset)") in p.err, p.describe
     for rank in range(2):
         with np.load(job.work / f"py{rank}.npz") as z:
             n = z["example_idx"].size

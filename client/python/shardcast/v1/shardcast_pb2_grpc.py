@@ -30,6 +30,11 @@ class AdminStub(object):
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.ServerStatus.FromString,
                 )
+        self.CheckSweep = channel.unary_unary(
+                '/shardcast.v1.Admin/CheckSweep',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.CheckSweepRequest.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.CheckSweepResponse.FromString,
+                )
 
 
 class AdminServicer(object):
@@ -59,6 +64,16 @@ class AdminServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckSweep(self, request, context):
+        """A sweep's daemon (docs/sweeps.md) asks each of its peers who it is
+        (Peer.Hello) and says whether they agree: the same node order and
+        --block-bytes, and the same content hash for every dataset the caller
+        may read. FAILED_PRECONDITION when this daemon is not in a sweep.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +91,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.GetStatusRequest.FromString,
                     response_serializer=shardcast_dot_v1_dot_shardcast__pb2.ServerStatus.SerializeToString,
+            ),
+            'CheckSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckSweep,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.CheckSweepRequest.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.CheckSweepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +156,23 @@ class Admin(object):
         return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Admin/GetStatus',
             shardcast_dot_v1_dot_shardcast__pb2.GetStatusRequest.SerializeToString,
             shardcast_dot_v1_dot_shardcast__pb2.ServerStatus.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CheckSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Admin/CheckSweep',
+            shardcast_dot_v1_dot_shardcast__pb2.CheckSweepRequest.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.CheckSweepResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -522,6 +559,11 @@ class PeerStub(object):
                 request_serializer=shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.SerializeToString,
                 response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.FromString,
                 )
+        self.Hello = channel.unary_unary(
+                '/shardcast.v1.Peer/Hello',
+                request_serializer=shardcast_dot_v1_dot_shardcast__pb2.PeerHello.SerializeToString,
+                response_deserializer=shardcast_dot_v1_dot_shardcast__pb2.PeerHello.FromString,
+                )
 
 
 class PeerServicer(object):
@@ -543,6 +585,14 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """Who the answering daemon is in the sweep, and the content hashes of
+        the datasets the caller may read (Admin.CheckSweep compares them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -550,6 +600,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.SharePass,
                     request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.FromString,
                     response_serializer=shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=shardcast_dot_v1_dot_shardcast__pb2.PeerHello.FromString,
+                    response_serializer=shardcast_dot_v1_dot_shardcast__pb2.PeerHello.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -579,5 +634,22 @@ class Peer(object):
         return grpc.experimental.unary_stream(request, target, '/shardcast.v1.Peer/SharePass',
             shardcast_dot_v1_dot_shardcast__pb2.SharePassRequest.SerializeToString,
             shardcast_dot_v1_dot_shardcast__pb2.ShareBlock.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/shardcast.v1.Peer/Hello',
+            shardcast_dot_v1_dot_shardcast__pb2.PeerHello.SerializeToString,
+            shardcast_dot_v1_dot_shardcast__pb2.PeerHello.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,61 @@
+#include "common/base/stall_watch.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace shardcast {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(StallWatchTest, WaitPastTheLimitIsCancelledOnce) {
+  StallWatch watch(milliseconds(40));
+  std::atomic<int> cancels{0};
+  const auto begun = std::chrono::steady_clock::now();
+  const int64_t key = watch.Begin([&] { ++cancels; });
+  while (cancels.load() == 0) std::this_thread::sleep_for(milliseconds(1));
+  const auto waited = std::chrono::steady_clock::now() - begun;
+  EXPECT_GE(waited, milliseconds(40));
+  std::this_thread::sleep_for(milliseconds(120));  // the watch looks again
+  EXPECT_EQ(cancels.load(), 1);
+  EXPECT_TRUE(watch.End(key));
+}
+
+TEST(StallWatchTest, WaitThatEndsInTimeIsLeftAlone) {
+  StallWatch watch(milliseconds(200));
+  std::atomic<int> cancels{0};
+  for (int i = 0; i < 5; ++i) {
+    const int64_t key = watch.Begin([&] { ++cancels; });
+    std::this_thread::sleep_for(milliseconds(20));
+    EXPECT_FALSE(watch.End(key));
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(cancels.load(), 0);
+}
+
+TEST(StallWatchTest, EachWaitHasItsOwnDeadline) {
+  StallWatch watch(milliseconds(100));
+  std::atomic<bool> old_cancelled{false}, new_cancelled{false};
+  const int64_t old_key = watch.Begin([&] { old_cancelled = true; });
+  std::this_thread::sleep_for(milliseconds(80));
+  const int64_t new_key = watch.Begin([&] { new_cancelled = true; });
+  while (!old_cancelled.load()) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_FALSE(new_cancelled.load());  // begun 80 ms later: not yet due
+  EXPECT_TRUE(watch.End(old_key));
+  watch.End(new_key);  // ends before or after its own deadline: either is right
+}
+
+TEST(StallWatchTest, DestroyedWithWaitsOpenCancelsNothing) {
+  std::atomic<int> cancels{0};
+  {
+    StallWatch watch(std::chrono::seconds(60));
+    watch.Begin([&] { ++cancels; });
+  }
+  EXPECT_EQ(cancels.load(), 0);
+}
+
+}  // namespace
+}  // namespace shardcast
