@@ -248,8 +248,8 @@ std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
   }
   c.verdict = Verdict::kFail;
   c.detail = absl::StrCat(nodes, ": ", bad, " of ", check->peers.size(),
-                          " peers do not answer or disagree (their shares "
-                          "would be read on every node)");
+                          " peers do not answer or disagree (this node "
+                          "would read their shares itself)");
   for (const Client::SweepPeer& p : check->peers) {
     for (const std::string& problem : p.problems) {
       absl::StrAppend(&c.detail, "\n    node ", p.node, " at ", p.address, ": ",

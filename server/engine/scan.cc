@@ -164,6 +164,7 @@ void SharedScan::Need(Subscriber& s, IndexSet blocks) {
   }
   total_need_ += blocks.count();
   s.needed = std::move(blocks);
+  for (int64_t share = 0; share < share_count_; ++share) WakeShare(share);
 }
 
 void SharedScan::Need(Subscriber& s, int64_t block) {
@@ -173,6 +174,16 @@ void SharedScan::Need(Subscriber& s, int64_t block) {
   ++total_need_;
   ++share_need_[static_cast<size_t>(block % share_count_)];
   if (ReadHere(block)) ++disk_need_;
+  WakeShare(block % share_count_);
+}
+
+void SharedScan::WakeShare(int64_t share) {
+  std::function<void()>& w = share_wakers_[static_cast<size_t>(share)];
+  if (w && share_need_[static_cast<size_t>(share)] > 0) {
+    std::function<void()> call = std::move(w);
+    w = nullptr;
+    call();
+  }
 }
 
 void SharedScan::Unneed(Subscriber& s, int64_t block) {
@@ -545,6 +556,7 @@ void SharedScan::set_shares(int64_t count, int64_t own) {
   read_here_[static_cast<size_t>(own % share_count_)] = true;
   disk_need_ = 0;
   share_need_.assign(static_cast<size_t>(share_count_), 0);
+  share_wakers_.assign(static_cast<size_t>(share_count_), nullptr);
   for (int64_t b = 0; b < layout_.num_blocks; ++b) {
     const int64_t need = need_count_[static_cast<size_t>(b)];
     share_need_[static_cast<size_t>(b % share_count_)] += need;
@@ -552,11 +564,14 @@ void SharedScan::set_shares(int64_t count, int64_t own) {
   }
 }
 
-int64_t SharedScan::ShareNeed(int64_t share) const {
+int64_t SharedScan::ShareNeed(int64_t share, std::function<void()> waker) {
   MutexLock lock(&mu_);
-  return share >= 0 && share < share_count_
-             ? share_need_[static_cast<size_t>(share)]
-             : 0;
+  if (share < 0 || share >= share_count_) return 0;
+  const int64_t need = share_need_[static_cast<size_t>(share)];
+  if (need == 0 && waker) {
+    share_wakers_[static_cast<size_t>(share)] = std::move(waker);
+  }
+  return need;
 }
 
 void SharedScan::ReadShare(int64_t share) {

@@ -289,7 +289,10 @@ class SharedScan final : public BlockSource,
   /// How many block needs of share `share` the subscribers have open now: a
   /// feed asks its peer for more only while this is above 0, so that a
   /// peer's scan reads no further ahead than this one's subscribers need.
-  int64_t ShareNeed(int64_t share) const ABSL_LOCKS_EXCLUDED(mu_);
+  /// When 0, `waker` (if any) is called once a subscriber needs a block of
+  /// the share (it replaces the share's earlier waker).
+  int64_t ShareNeed(int64_t share, std::function<void()> waker = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   /// Block `block` of a share a peer reads, as its `vectors` (the block's
   /// vectors in order, vectors(block) x vector_bytes) and, for a dataset
   /// with labels, read here: copied into a slot and queued for the
@@ -429,6 +432,8 @@ class SharedScan final : public BlockSource,
   /// Queues for `s` the resident blocks it needs, in issue order.
   void ClaimResident(Subscriber& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Wake(Subscriber& s);
+  /// Calls share `share`'s ShareNeed waker if the share is needed now.
+  void WakeShare(int64_t share) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   /// Whether blocks may be handed out (the start delay is over). The call
   /// that finds the delay over wakes the subscribers waiting for it.
   bool DeliveringLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -465,6 +470,9 @@ class SharedScan final : public BlockSource,
   std::vector<bool> read_here_ ABSL_GUARDED_BY(mu_) = {true};
   int64_t disk_need_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> share_need_ ABSL_GUARDED_BY(mu_) = {0};
+  // By share: who waits for share_need_ to leave 0 (ShareNeed).
+  std::vector<std::function<void()>> share_wakers_ ABSL_GUARDED_BY(mu_) = {
+      nullptr};
   uint64_t blocks_delivered_ ABSL_GUARDED_BY(mu_) = 0;  // by peers
   uint64_t bytes_delivered_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> deliver_waker_ ABSL_GUARDED_BY(mu_);

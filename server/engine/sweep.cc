@@ -90,11 +90,13 @@ absl::Status FeedScan(
     const std::function<absl::StatusOr<PassReader>()>& open_pass,
     const std::function<bool()>& stop) {
   absl::Status failed;
+  Waiter needed;  // the scan wakes it when the share is needed again
   while (!stop() && failed.ok()) {
     // Nothing of the share needed here now: a pass would have the peer's
-    // scan read for nobody.
-    if (scan.ShareNeed(share) == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // scan read for nobody. (`stop` is looked at every 100 ms.)
+    needed.Reset();
+    if (scan.ShareNeed(share, needed.Waker()) == 0) {
+      needed.Wait(std::chrono::milliseconds(100));
       continue;
     }
     absl::StatusOr<PassReader> pass = open_pass();
