@@ -30,19 +30,19 @@ def evict(paths):
             os.close(fd)
 
 
-def http_get(port, path, timeout=5.0):
-    """(status, body) of GET http://127.0.0.1:port/path."""
+def http_get(port, path, timeout=5.0, host="127.0.0.1"):
+    """(status, body) of GET http://host:port/path."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
 
-def metric_samples(port):
+def metric_samples(port, host="127.0.0.1"):
     """The daemon's /metrics as {series: value}, series as written
     ('name{label="v",...}')."""
-    status, text = http_get(port, "/metrics", timeout=10)
+    status, text = http_get(port, "/metrics", timeout=10, host=host)
     assert status == 200, f"/metrics answered {status}: {text[:500]}"
     samples = {}
     for line in text.splitlines():
