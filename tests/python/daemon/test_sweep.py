@@ -194,6 +194,57 @@ def test_a_peer_killed_mid_epoch_leaves_every_epoch_exact(start_daemon, cold_dat
     assert "is read here from now on" in log, log[-3000:]
 
 
+def test_a_peer_that_joins_late_catches_up_like_a_late_trainer(start_daemon, cold_dataset):
+    """Node 0's trainers run 2 epochs alone; node 1's daemon starts in their
+    first epoch, and its trainers then. Node 0 cannot reach node 1 at first
+    and reads share 1 itself (logged); node 1's trainers join mid-cycle and
+    get share 0 from node 0 as passes, like late-joining trainers: every
+    epoch on both nodes is exact, and node 1 received share 0's bytes from
+    node 0 without giving it up."""
+    root, ref = cold_dataset
+    ports = free_ports(2)
+    node0, = start_sweep(start_daemon, root, 2, ports=ports, ranks=[0])
+    started = threading.Event()
+    results, errors = [], []
+
+    def run(daemon, seed, epochs, first=None):
+        out = []
+        results.append((daemon, out))
+        try:
+            with shardcast.Client(daemon.address) as client:
+                for b in client.stream(ref.id, layer=12, batch_size=200, seed=seed,
+                                       epochs=epochs, copy=True):
+                    out.append((b.epoch, ref.batch_rows(b, 12)))
+                    if first is not None and len(out) == 3:
+                        first.set()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    early = [threading.Thread(target=run, args=(node0, s, 2, started)) for s in (1, 2)]
+    for t in early:
+        t.start()
+    assert started.wait(60), "node 0's trainers got no batch"
+    node1, = start_sweep(start_daemon, root, 2, ports=ports, ranks=[1])
+    late = [threading.Thread(target=run, args=(node1, s, 1)) for s in (3, 4)]
+    for t in late:
+        t.start()
+    for t in early + late:
+        t.join(timeout=120)
+    assert not errors, errors
+    for daemon, out in results:
+        for epoch in sorted({e for e, _ in out}):
+            assert_exact_epoch([r for e, rows in out if e == epoch for r in rows],
+                               ref.selection(12))
+    assert len({e for _, out in results for e, _ in out}) == 2
+    log0, log1 = (Path(d.log).read_text() for d in (node0, node1))
+    assert f"share 1 of {ref.id} from 127.0.0.1:{ports[1]} is read here" in log0, log0[-3000:]
+    assert "is read here from now on" not in log1, log1[-3000:]
+    received, _ = link_bytes(node1)
+    # At least share 0 once (a trainer left behind for 10 s would get a
+    # block again in a later pass).
+    assert received[f"127.0.0.1:{ports[0]}"] >= share_bytes(ref, 2)[0], received
+
+
 # ---------------------------------------------------------------------------
 # Mutual TLS between the daemons.
 
