@@ -201,8 +201,8 @@ Check CheckDaemon(Subject* s) {
 
 // A daemon in a sweep (docs/sweeps.md): every other node's daemon answers
 // and agrees (node order, --block-bytes, the content hash of every dataset
-// this user may read). Peers that do not answer yet are asked again for up
-// to `wait_seconds` (a job's daemons start together). Nothing when the
+// this user may read). Peers that are unreachable (not up yet) are asked
+// again for up to `wait_seconds` (a job's daemons start together). Nothing when the
 // daemon is not in a sweep.
 std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
   if (!s.daemon.has_value()) return std::nullopt;

@@ -173,7 +173,12 @@ v1::CheckSweepResponse PeerLinks::Check(const v1::PeerHello& mine) const {
     c->set_node(static_cast<int64_t>(i));
     c->set_address(options_.peers[i]);
     if (!errors[i].ok()) {
-      c->add_problems(absl::StrCat("unreachable: ", errors[i].ToString()));
+      // Not up (yet), or cut off; otherwise it answered and refused (its
+      // certificate check, or it is not a sweep's daemon).
+      const bool down =
+          absl::IsUnavailable(errors[i]) || absl::IsDeadlineExceeded(errors[i]);
+      c->add_problems(absl::StrCat(down ? "unreachable: " : "refused: ",
+                                   errors[i].ToString()));
       continue;
     }
     const v1::PeerHello& a = answers[i];

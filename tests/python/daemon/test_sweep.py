@@ -678,5 +678,17 @@ def test_doctor_says_whether_every_peer_answers_and_agrees(start_daemon, tmp_pat
                   rf"([0-9a-f]{{64}}) there, ([0-9a-f]{{64}}) here", check["detail"])
     assert m and m.group(1) == path.name and m.group(2) != path.name, check
 
+    # A peer address at a daemon that is not in a sweep: it answers, and
+    # refuses (it has no Peer service), so --sweep-wait does not wait.
+    own, plain_port = free_ports(2)
+    start_daemon("--listen-tcp", f"127.0.0.1:{plain_port}", "--insecure-tcp", roots=[root])
+    odd = start_daemon("--listen-tcp", f"127.0.0.1:{own}", "--insecure-tcp", "--node-rank", 0,
+                       "--sweep-peer", f"127.0.0.1:{own}", "--sweep-peer",
+                       f"127.0.0.1:{plain_port}", roots=[root])
+    t0 = time.monotonic()
+    code, check = doctor_sweep(odd, "--sweep-wait", "30")
+    assert code == 1 and time.monotonic() - t0 < 20, check
+    assert f"node 1 at 127.0.0.1:{plain_port}: refused: UNIMPLEMENTED" in check["detail"], check
+
     alone = start_daemon(roots=[root])
     assert doctor_sweep(alone)[1] is None
