@@ -12,14 +12,22 @@
 namespace shardcast {
 
 std::string BlockVectors(const Block& b) {
-  const size_t bytes = static_cast<size_t>(b.vectors) * b.vector_bytes;
-  if (b.pieces.empty()) return std::string(b.data, bytes);
-  std::string out(bytes, '\0');
-  for (int64_t i = 0; i < b.vectors; ++i) {
-    std::memcpy(&out[static_cast<size_t>(i) * b.vector_bytes], b.vector(i),
-                b.vector_bytes);
-  }
+  std::string out;
+  BlockVectors(b, &out);
   return out;
+}
+
+void BlockVectors(const Block& b, std::string* out) {
+  const size_t bytes = static_cast<size_t>(b.vectors) * b.vector_bytes;
+  out->resize(bytes);  // same size as the last block: nothing to do
+  if (b.pieces.empty()) {
+    std::memcpy(out->data(), b.data, bytes);
+    return;
+  }
+  for (int64_t i = 0; i < b.vectors; ++i) {
+    std::memcpy(out->data() + static_cast<size_t>(i) * b.vector_bytes,
+                b.vector(i), b.vector_bytes);
+  }
 }
 
 namespace {

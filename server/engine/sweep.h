@@ -13,7 +13,9 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/base/mutex.h"
 #include "server/engine/scan.h"
 
 namespace shardcast {
@@ -24,27 +26,49 @@ namespace shardcast {
 /// a stream, never borrows beyond its lag bound (its backpressure is the
 /// peer's), and holds a block until Next is called again. The peer asks for
 /// the next pass when its own subscribers need the share again, so a scan
-/// never reads ahead for a peer that needs nothing.
+/// never reads ahead for a peer that needs nothing. Thread-safe.
 class ShareFeed {
  public:
   explicit ShareFeed(std::unique_ptr<ScanRegistry::Subscription> sub)
-      : sub_(std::move(sub)) {}
+      : vectors_per_block_(sub->scan()->layout().vectors_per_block),
+        num_blocks_(sub->scan()->layout().num_blocks),
+        hash_(sub->scan()->reader().info().hash),
+        sub_(std::move(sub)) {}
   /// The next block (kBlock), kWait with `waker` called when that may have
   /// changed, or kDelivered at the end of the pass. Errors of the scan
-  /// (DATA_LOSS naming the file).
-  absl::StatusOr<Take> Next(std::function<void()> waker) {
+  /// (DATA_LOSS naming the file); CANCELLED once abandoned.
+  absl::StatusOr<Take> Next(std::function<void()> waker)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    if (sub_ == nullptr) return absl::CancelledError("the pass was given up");
     return sub_->scan()->TakeBlock(sub_->id(), 0, std::move(waker));
   }
-  const BlockLayout& layout() const { return sub_->scan()->layout(); }
-  const DatasetReader& reader() const { return sub_->scan()->reader(); }
+  /// Leaves the scan now, from any thread (the peer takes nothing: the
+  /// scan, which waits for every pass, goes on without this one), even
+  /// while the transport is stuck sending the last block Next handed out.
+  void Abandon() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    sub_.reset();
+  }
+  int64_t vectors_per_block() const { return vectors_per_block_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  /// The dataset's content hash (its metadata's).
+  const std::string& content_hash() const { return hash_; }
 
  private:
-  std::unique_ptr<ScanRegistry::Subscription> sub_;
+  const int64_t vectors_per_block_;
+  const int64_t num_blocks_;
+  const std::string hash_;
+  Mutex mu_;
+  std::unique_ptr<ScanRegistry::Subscription> sub_ ABSL_GUARDED_BY(mu_);
 };
 
 /// The vectors of block `b` in order (a mapped block's gathered from its
 /// pieces), as a peer is sent them.
 std::string BlockVectors(const Block& b);
+/// The same into `out`, whose buffer is reused (a sender's message: no
+/// allocation per block of the usual size).
+void BlockVectors(const Block& b, std::string* out);
 
 /// A block as a peer sent it.
 struct PeerBlock {

@@ -66,22 +66,36 @@ grpc::Status PeerService::SharePass(
       context_.engine->OpenShareFeed(request->dataset(), o->spec,
                                      request->seed(), ctx->peer());
   if (!feed.ok()) return ToGrpcStatus(feed.status());
-  const std::string& hash = (*feed)->reader().info().hash;
+  const std::string& hash = (*feed)->content_hash();
   if (!request->hash().empty() && request->hash() != hash) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
         "dataset ", PublicDatasetId(request->dataset()), " has content hash ",
         hash, " here, ", request->hash(),
         " on the asking node: another copy (shardcast doctor compares them)")));
   }
-  const BlockLayout& layout = (*feed)->layout();
-  if (layout.vectors_per_block != request->vectors_per_block() ||
-      layout.num_blocks != request->num_blocks()) {
+  if ((*feed)->vectors_per_block() != request->vectors_per_block() ||
+      (*feed)->num_blocks() != request->num_blocks()) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "this daemon's blocks of the selection are ", layout.num_blocks, " of ",
-        layout.vectors_per_block, " vectors; the peer's are ",
+        "this daemon's blocks of the selection are ", (*feed)->num_blocks(),
+        " of ", (*feed)->vectors_per_block(), " vectors; the peer's are ",
         request->num_blocks(), " of ", request->vectors_per_block(),
         " (give every node's daemon the same --block-bytes)")));
   }
+  // A receiver that takes nothing for the timeout: the pass leaves the scan
+  // at once (gRPC's Write may stay stuck until the connection dies) and the
+  // call is cancelled.
+  const double limit = std::chrono::duration<double>(stalls_.limit()).count();
+  const std::string stalled =
+      absl::StrCat("sweep: node ", request->from_node(), " (", from,
+                   ") took nothing of share ", request->share(), " of ",
+                   PublicDatasetId(request->dataset()), " for ", limit,
+                   " s (--sweep-peer-timeout): its pass is dropped");
+  ShareFeed& pass = **feed;
+  const auto give_up = [&] {
+    LogWarning(stalled);
+    pass.Abandon();
+    ctx->TryCancel();
+  };
   Waiter waiter;
   v1::ShareBlock out;
   while (!ctx->IsCancelled()) {
@@ -94,19 +108,14 @@ grpc::Status PeerService::SharePass(
       continue;
     }
     out.set_block(t->block->id);
-    *out.mutable_vectors() = BlockVectors(*t->block);
+    BlockVectors(*t->block, out.mutable_vectors());
     t->block.reset();  // its slot goes back before the write waits
     const uint64_t bytes = out.vectors().size();
-    const int64_t wait = stalls_.Begin([ctx] { ctx->TryCancel(); });
+    const int64_t wait = stalls_.Begin(give_up);
     const bool written = writer->Write(out);
     if (stalls_.End(wait)) {
-      const double s = std::chrono::duration<double>(stalls_.limit()).count();
-      LogWarning("sweep: node ", request->from_node(), " (", from,
-                 ") took nothing of share ", request->share(), " of ",
-                 PublicDatasetId(request->dataset()), " for ", s,
-                 " s (--sweep-peer-timeout): its pass is dropped");
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("took nothing for ", s, " s"));
+                          absl::StrCat("took nothing for ", limit, " s"));
     }
     if (!written) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the peer went away");

@@ -523,6 +523,7 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
     root, ref = big_dataset
     daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
     frozen = threading.Event()
+    frozen_at = []
     results, errors, threads = [], [], []
 
     def run(node, seed):
@@ -533,11 +534,14 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
             with shardcast.Client(daemons[node].address) as client:
                 for b in client.stream(ref.id, layer=12, batch_size=1000, seed=seed,
                                        epochs=1, copy=True):
-                    if node == 0:
-                        out.append((b.epoch, ref.batch_rows(b, 12)))
-                        if len(out) == 3 and not frozen.is_set():
-                            frozen.set()
-                            os.kill(daemons[1].proc.pid, signal.SIGSTOP)
+                    out.append((b.epoch, ref.batch_rows(b, 12) if node == 0 else None))
+                    # Node 1 freezes once its trainers are ~30 of 397 blocks
+                    # in: most of node 0's pass to it (199 blocks, more than
+                    # TCP's buffers hold) is still to be sent.
+                    if node == 1 and len(out) == 2 and not frozen.is_set():
+                        frozen_at.append(time.monotonic())
+                        frozen.set()
+                        os.kill(daemons[1].proc.pid, signal.SIGSTOP)
         except Exception as e:
             if node == 0:  # node 1's trainers fail once it is killed
                 errors.append(e)
@@ -550,6 +554,7 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
     try:
         for t in threads[:TRAINERS]:
             t.join(timeout=120)
+        done_at = time.monotonic()
     finally:
         daemons[1].proc.kill()  # a stopped process dies of SIGKILL too
         daemons[1].proc.wait()
@@ -558,6 +563,9 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
         t.join(timeout=30)
     assert frozen.is_set()
     assert not errors, errors
+    # The timeout (2 s) both ways, then the rest of the epoch: not a stuck
+    # write to the frozen node (gRPC's Write does not return on cancel).
+    assert done_at - frozen_at[0] < 12, f"node 0 finished {done_at - frozen_at[0]:.1f} s after"
     for out in results:
         assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
     log = Path(daemons[0].log).read_text()
