@@ -76,6 +76,13 @@ def daemon_with_streams(tmp_path_factory):
                     readers = [Reader(shm_stream), Reader(grpc_stream)]
                     for r in readers:
                         r.start()
+                    # Each stream has sent a batch (its series exist) before
+                    # the page is read: opening a stream returns before the
+                    # daemon has it (slow under ASan on 2 busy cores).
+                    deadline = time.monotonic() + 60
+                    while (any(r.batches == 0 and r.error is None for r in readers) and
+                           time.monotonic() < deadline):
+                        time.sleep(0.05)
                     yield daemon, port
                     for r in readers:
                         r.stop.set()
