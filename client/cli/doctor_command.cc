@@ -202,15 +202,28 @@ Check CheckDaemon(Subject* s) {
 // A daemon in a sweep (docs/sweeps.md): every other node's daemon answers
 // and agrees (node order, --block-bytes, the content hash of every dataset
 // this user may read). Peers that are unreachable (not up yet) are asked
-// again for up to `wait_seconds` (a job's daemons start together). Nothing when the
-// daemon is not in a sweep.
-std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
-  if (!s.daemon.has_value()) return std::nullopt;
-  Check c{"sweep", Verdict::kOk, ""};
+// again for up to `wait_seconds` (a job's daemons start together). Nothing
+// when the daemon is not in a sweep, unless the check was `asked` for by
+// name (--only sweep): then that is a FAIL saying why, as is a daemon that
+// does not answer (`daemon`: its check).
+std::optional<Check> CheckSweep(const Subject& s, double wait_seconds,
+                                bool asked, const Check& daemon) {
+  Check c{"sweep", Verdict::kFail, ""};
+  const auto cannot = [&](std::string why) -> std::optional<Check> {
+    if (!asked) return std::nullopt;
+    c.detail = std::move(why);
+    return c;
+  };
+  if (!s.daemon.has_value()) {
+    return cannot(absl::StrCat("no daemon to ask: ", daemon.detail));
+  }
   ClientOptions options = RemoteOptions();
   options.connect_timeout_seconds = 3;
   auto client = Client::Connect(s.address, options);
-  if (!client.ok()) return std::nullopt;  // the daemon check said why
+  if (!client.ok()) {
+    return cannot(
+        absl::StrCat("no daemon to ask: ", client.status().message()));
+  }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(wait_seconds);
   absl::StatusOr<Client::SweepCheck> check;
@@ -218,11 +231,14 @@ std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
     check = (*client)->CheckSweep();
     if (!check.ok()) {
       const absl::StatusCode code = check.status().code();
-      if (code == absl::StatusCode::kFailedPrecondition ||
-          code == absl::StatusCode::kUnimplemented) {
-        return std::nullopt;  // not a sweep's daemon
+      if (code == absl::StatusCode::kFailedPrecondition) {
+        return cannot(absl::StrCat(s.address, ": ", check.status().message()));
       }
-      c.verdict = Verdict::kFail;
+      if (code == absl::StatusCode::kUnimplemented) {
+        return cannot(absl::StrCat(s.address,
+                                   " is older than sweep checks (no "
+                                   "Admin.CheckSweep)"));
+      }
       c.detail = absl::StrCat("Admin.CheckSweep: ", check.status().message());
       return c;
     }
@@ -236,6 +252,7 @@ std::optional<Check> CheckSweep(const Subject& s, double wait_seconds) {
   }
   int64_t bad = 0;
   for (const Client::SweepPeer& p : check->peers) bad += !p.problems.empty();
+  c.verdict = Verdict::kOk;
   const std::string nodes =
       absl::StrCat("node ", check->node, " of ", check->peers.size() + 1);
   if (bad == 0) {
@@ -709,10 +726,11 @@ int RunDoctor(const Args& args) {
            std::find(only.begin(), only.end(), name) != only.end();
   };
   std::vector<Check> checks;
-  Check daemon = CheckDaemon(&s);
-  if (want("daemon")) checks.push_back(std::move(daemon));
+  const Check daemon = CheckDaemon(&s);
+  if (want("daemon")) checks.push_back(daemon);
   if (want("sweep")) {
-    if (std::optional<Check> c = CheckSweep(s, sweep_wait)) {
+    if (std::optional<Check> c =
+            CheckSweep(s, sweep_wait, /*asked=*/!only.empty(), daemon)) {
       checks.push_back(std::move(*c));
     }
   }

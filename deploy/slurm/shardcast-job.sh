@@ -378,8 +378,8 @@ say "shardcastd (pid $daemon_pid) ready at $SHARDCAST_ADDRESS after $((SECONDS -
 # node order, --block-bytes and datasets (content hashes). If not, the job
 # still runs: this node reads those peers' shares itself (slower, exact).
 if [[ ${#sweep_args[@]} -gt 0 ]]; then
-  check=$(timeout $((ready_timeout + 30)) "$cli_bin" --server "unix:$sock" doctor \
-    --only sweep --sweep-wait "$ready_timeout" 2>&1) && ok=1 || ok=0
+  check=$(timeout --foreground $((ready_timeout + 30)) "$cli_bin" --server "unix:$sock" \
+    doctor --only sweep --sweep-wait "$ready_timeout") && ok=1 || ok=0
   check=${check%%$'\n'verdict:*}
   if [[ $ok -eq 1 ]]; then
     read -r _ _ detail <<<"$check"  # "ok sweep DETAIL", one line

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
@@ -131,6 +132,10 @@ PeerLinks::PeerLinks(SweepOptions options)
       stalls_(options_.timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a block is up to --block-bytes
+  // A peer that comes up late is tried again within 2 s (gRPC's default
+  // backoff grows to 120 s).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   for (size_t i = 0; i < options_.peers.size(); ++i) {
     if (static_cast<int64_t>(i) == options_.self) {
       stubs_.push_back(nullptr);
@@ -182,10 +187,15 @@ v1::CheckSweepResponse PeerLinks::Check(const v1::PeerHello& mine) const {
     c->set_node(static_cast<int64_t>(i));
     c->set_address(options_.peers[i]);
     if (!errors[i].ok()) {
-      // Not up (yet), or cut off; otherwise it answered and refused (its
-      // certificate check, or it is not a sweep's daemon).
-      const bool down =
-          absl::IsUnavailable(errors[i]) || absl::IsDeadlineExceeded(errors[i]);
+      // Not up (yet), or cut off; otherwise it answered and refused (a
+      // failed TLS handshake: one side's certificate check; or it is not a
+      // sweep's daemon), which waiting does not mend.
+      const absl::string_view m = errors[i].message();
+      const bool tls = absl::StrContains(m, "andshake") ||
+                       absl::StrContains(m, "SSL") ||
+                       absl::StrContains(m, "certificate");
+      const bool down = !tls && (absl::IsUnavailable(errors[i]) ||
+                                 absl::IsDeadlineExceeded(errors[i]));
       c->add_problems(absl::StrCat(down ? "unreachable: " : "refused: ",
                                    errors[i].ToString()));
       continue;

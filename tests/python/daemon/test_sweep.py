@@ -366,6 +366,13 @@ def test_a_peer_with_a_certificate_of_another_ca_is_refused(start_daemon, cold_d
         assert f"share {m} of {ref.id} from {daemons[2].peers[m]} is read here from now on" \
             in log, log[-3000:]
     assert not any(link_bytes(daemons[2])[0].values()), link_bytes(daemons[2])
+    # The doctor names the refusal (a TLS handshake), and --sweep-wait does
+    # not wait for it: waiting does not mend a certificate.
+    t0 = time.monotonic()
+    code, check = doctor_sweep(daemons[0], "--sweep-wait", "30")
+    assert code == 1 and time.monotonic() - t0 < 20, check
+    assert f"node 2 at {daemons[0].peers[2]}: refused: " in check["detail"], check
+    assert "node 1 at" not in check["detail"], check
 
 
 # ---------------------------------------------------------------------------
@@ -656,7 +663,7 @@ def test_doctor_says_whether_every_peer_answers_and_agrees(start_daemon, tmp_pat
     dataset when a peer's copy has another content hash (its metadata
     differs), and naming the peer when it does not answer. --sweep-wait
     waits for a peer that starts late. A daemon not in a sweep has no such
-    check."""
+    check, unless it is asked for by name (--only sweep): then it FAILs."""
     root, path = two_copies(tmp_path)
     ports = free_ports(2)
     peers = [a for p in ports for a in ("--sweep-peer", f"127.0.0.1:{p}")]
@@ -700,3 +707,7 @@ def test_doctor_says_whether_every_peer_answers_and_agrees(start_daemon, tmp_pat
 
     alone = start_daemon(roots=[root])
     assert doctor_sweep(alone)[1] is None
+    # Asked for by name, a check that cannot run is a FAIL saying why.
+    code, check = doctor_sweep(alone, "--only", "sweep")
+    assert code == 1 and check["verdict"] == "FAIL", check
+    assert "this daemon is not in a sweep (no --sweep-peer)" in check["detail"], check
