@@ -1,6 +1,7 @@
 // A watchdog for waits on another party that may never end: a wait that
-// outlasts the limit has its cancel function called (once), from the
-// watch's own thread. How a sweep's link gives up a peer that is alive but
+// outlasts the limit has its cancel function called, from the watch's own
+// thread; the function may decline (the wait harms nobody yet) and is asked
+// again a limit later. How a sweep's link gives up a peer that is alive but
 // sends nothing, or a pass whose receiver takes nothing (docs/sweeps.md).
 #ifndef SHARDCAST_COMMON_BASE_STALL_WATCH_H_
 #define SHARDCAST_COMMON_BASE_STALL_WATCH_H_
@@ -35,8 +36,9 @@ class StallWatch {
   StallWatch& operator=(const StallWatch&) = delete;
 
   /// A wait begins; `cancel` ends it from another thread (a call's
-  /// TryCancel). Returns the wait's key for End.
-  int64_t Begin(std::function<void()> cancel) ABSL_LOCKS_EXCLUDED(mu_) {
+  /// TryCancel) and returns true, or returns false to be asked again a
+  /// limit later. Returns the wait's key for End.
+  int64_t Begin(std::function<bool()> cancel) ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(&mu_);
     waits_[next_] = {std::chrono::steady_clock::now() + limit_,
                      std::move(cancel), false};
@@ -56,7 +58,7 @@ class StallWatch {
  private:
   struct Wait {
     std::chrono::steady_clock::time_point deadline;
-    std::function<void()> cancel;
+    std::function<bool()> cancel;
     bool cancelled;
   };
 
@@ -68,8 +70,9 @@ class StallWatch {
       const auto now = std::chrono::steady_clock::now();
       for (auto& [key, w] : waits_) {
         if (!w.cancelled && now >= w.deadline) {
-          w.cancelled = true;
-          w.cancel();  // TryCancel-like: must not call back into the watch
+          // TryCancel-like: must not call back into the watch.
+          w.cancelled = w.cancel();
+          w.deadline = now + limit_;
         }
       }
     }

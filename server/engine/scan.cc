@@ -354,6 +354,14 @@ int64_t SharedScan::subscribers() const {
   return static_cast<int64_t>(subs_.size());
 }
 
+bool SharedScan::OthersStarving(uint64_t id) const {
+  MutexLock lock(&mu_);
+  for (const auto& [other, s] : subs_) {
+    if (other != id && Starving(s)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<Take> SharedScan::TakeBlock(uint64_t id, int64_t epoch,
                                            std::function<void()> waker) {
   Take t;

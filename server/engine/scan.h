@@ -317,6 +317,10 @@ class SharedScan final : public BlockSource,
   void Unsubscribe(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   /// Number of subscribers.
   int64_t subscribers() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Whether a subscriber other than `id` waits for a block that has not
+  /// come (its client blocked in TakeBlock): what a peer's pass that takes
+  /// nothing holds back.
+  bool OthersStarving(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   /// The next block of `epoch` for subscriber `id`, in scan order. On kWait,
   /// `waker` is kept and called once (with the scan's lock held) when that

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/base/waiter.h"
 
@@ -40,7 +41,7 @@ constexpr std::chrono::seconds kLaggardWait(10);
 // (else a peer that ends its passes early would be asked again forever).
 absl::Status DeliverPass(SharedScan& scan, int64_t share,
                          const PassReader& next,
-                         const std::function<bool()>& stop) {
+                         const std::function<bool()>& stop, int64_t* taken) {
   const int64_t shares = scan.share_count();
   const int64_t blocks = scan.layout().num_blocks;
   const int64_t expected =
@@ -82,6 +83,7 @@ absl::Status DeliverPass(SharedScan& scan, int64_t share,
           std::chrono::steady_clock::now() - since > kLaggardWait;
       ASSIGN_OR_RETURN(Delivery d, scan.Deliver(got->block, got->vectors,
                                                 room.Waker(), overdue));
+      if (d == Delivery::kTaken) ++*taken;
       if (d != Delivery::kFull) break;
       // A subscriber's take wakes this; a slot freed elsewhere does not, so
       // look again shortly either way.
@@ -98,7 +100,8 @@ absl::Status FeedScan(
     const std::function<absl::StatusOr<PassReader>()>& open_pass,
     const std::function<bool()>& stop) {
   absl::Status failed;
-  Waiter needed;  // the scan wakes it when the share is needed again
+  Waiter needed;        // the scan wakes it when the share is needed again
+  int64_t dropped = 0;  // passes the peer dropped in a row, none of use
   while (!stop() && failed.ok()) {
     // Nothing of the share needed here now: a pass would have the peer's
     // scan read for nobody. (`stop` is looked at every 100 ms.)
@@ -108,7 +111,21 @@ absl::Status FeedScan(
       continue;
     }
     absl::StatusOr<PassReader> pass = open_pass();
-    failed = pass.ok() ? DeliverPass(scan, share, *pass, stop) : pass.status();
+    int64_t taken = 0;
+    failed = pass.ok() ? DeliverPass(scan, share, *pass, stop, &taken)
+                       : pass.status();
+    // ABORTED, or CANCELLED by the peer: it dropped the pass, because this
+    // node took nothing for its timeout while others waited there
+    // (trainers here paused), or it is stopping: a new pass is asked for
+    // when needed (a stopped peer then fails to open one). Three in a row
+    // that brought nothing taken here are a peer out of order.
+    dropped = taken > 0 ? 0 : dropped + 1;
+    if ((absl::IsAborted(failed) || absl::IsCancelled(failed)) && dropped < 3) {
+      LogInfo("sweep: the peer of share ", share, " of ", scan.dataset(),
+              " dropped its pass (", failed.message(),
+              "); a new one is asked for when needed");
+      failed = absl::OkStatus();
+    }
   }
   // ReadShare logs the take-over; the caller, who knows the peer, why.
   if (!failed.ok()) scan.ReadShare(share);

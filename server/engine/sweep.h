@@ -50,6 +50,12 @@ class ShareFeed {
     MutexLock lock(&mu_);
     sub_.reset();
   }
+  /// Whether another subscriber of the scan starves while this pass takes
+  /// nothing: a peer that only pauses holds back nobody and is waited for.
+  bool HoldsBackOthers() const ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    return sub_ != nullptr && sub_->scan()->OthersStarving(sub_->id());
+  }
   int64_t vectors_per_block() const { return vectors_per_block_; }
   int64_t num_blocks() const { return num_blocks_; }
   /// The dataset's content hash (its metadata's).
@@ -59,7 +65,7 @@ class ShareFeed {
   const int64_t vectors_per_block_;
   const int64_t num_blocks_;
   const std::string hash_;
-  Mutex mu_;
+  mutable Mutex mu_;
   std::unique_ptr<ScanRegistry::Subscription> sub_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -86,7 +92,10 @@ using PassReader = std::function<absl::StatusOr<std::optional<PeerBlock>>()>;
 /// room: SharedScan::Deliver). When a pass cannot be opened, fails, or
 /// brings what the scan refuses (a block out of bounds, of the wrong size,
 /// of another share), the scan reads the share itself from then on
-/// (ReadShare) and that error is returned; OK once `stop` is set.
+/// (ReadShare) and that error is returned; OK once `stop` is set. A pass
+/// that ends ABORTED or CANCELLED (the peer dropped it: this node took
+/// nothing while others waited there) is asked for again when needed,
+/// unless three in a row brought nothing this scan took.
 absl::Status FeedScan(
     SharedScan& scan, int64_t share,
     const std::function<absl::StatusOr<PassReader>()>& open_pass,

@@ -82,20 +82,26 @@ grpc::Status PeerService::SharePass(
         request->num_blocks(), " of ", request->vectors_per_block(),
         " (give every node's daemon the same --block-bytes)")));
   }
-  // A receiver that takes nothing for the timeout: the pass leaves the scan
-  // at once (gRPC's Write may stay stuck until the connection dies) and the
-  // call is cancelled.
+  // A receiver that takes nothing for the timeout while others of this
+  // scan starve (a node frozen or cut off; one whose trainers paused while
+  // the rest go on): the pass leaves the scan at once (gRPC's Write may stay
+  // stuck until the connection dies) and the call ends ABORTED, on which the
+  // receiver asks for a new pass when it needs one. One that holds back
+  // nobody (every node's trainers paused) is waited for.
   const double limit = std::chrono::duration<double>(stalls_.limit()).count();
-  const std::string stalled =
-      absl::StrCat("sweep: node ", request->from_node(), " (", from,
-                   ") took nothing of share ", request->share(), " of ",
-                   PublicDatasetId(request->dataset()), " for ", limit,
-                   " s (--sweep-peer-timeout): its pass is dropped");
+  const std::string stalled = absl::StrCat(
+      "sweep: node ", request->from_node(), " (", from,
+      ") took nothing of share ", request->share(), " of ",
+      PublicDatasetId(request->dataset()), " for ", limit,
+      " s while others here wait (--sweep-peer-timeout): its pass is "
+      "dropped");
   ShareFeed& pass = **feed;
   const auto give_up = [&] {
+    if (!pass.HoldsBackOthers()) return false;
     LogWarning(stalled);
     pass.Abandon();
     ctx->TryCancel();
+    return true;
   };
   Waiter waiter;
   v1::ShareBlock out;
@@ -115,8 +121,10 @@ grpc::Status PeerService::SharePass(
     const int64_t wait = stalls_.Begin(give_up);
     const bool written = writer->Write(out);
     if (stalls_.End(wait)) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("took nothing for ", limit, " s"));
+      return grpc::Status(
+          grpc::StatusCode::ABORTED,
+          absl::StrCat("pass dropped: took nothing for ", limit,
+                       " s while others waited; ask again when needed"));
     }
     if (!written) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the peer went away");
@@ -129,7 +137,9 @@ grpc::Status PeerService::SharePass(
 PeerLinks::PeerLinks(SweepOptions options)
     : options_(std::move(options)),
       received_(new std::atomic<uint64_t>[options_.peers.size()]()),
-      stalls_(options_.timeout) {
+      // Twice the senders' limit: a peer whose scan a third node's frozen
+      // pass holds for up to the limit is not given up for it.
+      stalls_(2 * options_.timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a block is up to --block-bytes
   // A peer that comes up late is tried again within 2 s (gRPC's default
@@ -306,7 +316,10 @@ void PeerLinks::Run(std::weak_ptr<SharedScan> weak, size_t peer,
     reader = stubs_[peer]->SharePass(ctx.get(), request);
     return PassReader([&]() -> absl::StatusOr<std::optional<PeerBlock>> {
       v1::ShareBlock m;
-      const int64_t wait = stalls_.Begin([c = ctx.get()] { c->TryCancel(); });
+      const int64_t wait = stalls_.Begin([c = ctx.get()] {
+        c->TryCancel();
+        return true;
+      });
       const bool got = reader->Read(&m);
       if (stalls_.End(wait)) {
         return absl::DeadlineExceededError(

@@ -494,9 +494,9 @@ def silent(request, blocks, context):
 
 def test_a_silent_peer_is_given_up_after_the_timeout(start_daemon, cold_dataset):
     """Node 1 is a fake peer that answers node 0's pass with one block and
-    then nothing, without ending the call. After --sweep-peer-timeout (2 s)
-    node 0 gives it up, says so, and reads share 1 itself: both trainers'
-    epochs are exact."""
+    then nothing, without ending the call. After twice --sweep-peer-timeout
+    (2 s) node 0 gives it up, says so, and reads share 1 itself: both
+    trainers' epochs are exact."""
     root, ref = cold_dataset
     with fake_peer(ref, silent) as (port, peer):
         daemon, = start_sweep(start_daemon, root, 2, ports=[free_ports(1)[0], port], ranks=[0],
@@ -505,7 +505,7 @@ def test_a_silent_peer_is_given_up_after_the_timeout(start_daemon, cold_dataset)
             assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
     log = Path(daemon.log).read_text()
     assert (f"share 1 of {ref.id} from 127.0.0.1:{port} is read here from now on" in log and
-            f"peer 127.0.0.1:{port} sent nothing for 2 s (--sweep-peer-timeout)" in log), \
+            f"peer 127.0.0.1:{port} sent nothing for 4 s (--sweep-peer-timeout)" in log), \
         log[-3000:]
 
 
@@ -523,10 +523,10 @@ def big_dataset(tmp_path_factory):
 def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
     """Node 1 of 2 is frozen (SIGSTOP) while both nodes' trainers stream:
     its connections stay open, but it neither sends share 1 nor takes node
-    0's pass, whose writes stop once TCP's buffers are full. After
-    --sweep-peer-timeout (2 s) node 0 gives up both ways: it reads share 1
-    itself, and drops the pass its scan was waiting for. Node 0's trainers'
-    epochs are exact and its log says both."""
+    0's pass, whose writes stop once TCP's buffers are full. Node 0 gives up
+    both ways: after --sweep-peer-timeout (2 s) it drops the pass its scan
+    was waiting for (its trainers starve), after twice that it reads share 1
+    itself. Node 0's trainers' epochs are exact and its log says both."""
     root, ref = big_dataset
     daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
     frozen = threading.Event()
@@ -570,16 +570,17 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
         t.join(timeout=30)
     assert frozen.is_set()
     assert not errors, errors
-    # The timeout (2 s) both ways, then the rest of the epoch: not a stuck
+    # The timeouts (2 and 4 s), then the rest of the epoch: not a stuck
     # write to the frozen node (gRPC's Write does not return on cancel).
-    assert done_at - frozen_at[0] < 12, f"node 0 finished {done_at - frozen_at[0]:.1f} s after"
+    assert done_at - frozen_at[0] < 15, f"node 0 finished {done_at - frozen_at[0]:.1f} s after"
     for out in results:
         assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
     log = Path(daemons[0].log).read_text()
     peer = daemons[1].peers[1]
-    assert f"peer {peer} sent nothing for 2 s (--sweep-peer-timeout)" in log, log[-3000:]
+    assert f"peer {peer} sent nothing for 4 s (--sweep-peer-timeout)" in log, log[-3000:]
     assert ("took nothing of share 0 of" in log and
-            "for 2 s (--sweep-peer-timeout): its pass is dropped" in log), log[-3000:]
+            "for 2 s while others here wait (--sweep-peer-timeout): its pass is dropped"
+            in log), log[-3000:]
 
 
 # ---------------------------------------------------------------------------
@@ -711,3 +712,70 @@ def test_doctor_says_whether_every_peer_answers_and_agrees(start_daemon, tmp_pat
     code, check = doctor_sweep(alone, "--only", "sweep")
     assert code == 1 and check["verdict"] == "FAIL", check
     assert "this daemon is not in a sweep (no --sweep-peer)" in check["detail"], check
+
+
+def paused_trainers(daemons, ref, pauses):
+    """2 trainers on each node, one epoch of batches of 1000; the trainers
+    of node n sleep pauses[n] seconds after their third batch. Their rows
+    by node, and the time each node's trainers took."""
+    results = {n: [] for n in range(len(daemons))}
+    took, errors = {}, []
+
+    def run(n, seed):
+        out = []
+        results[n].append(out)
+        t0 = time.monotonic()
+        try:
+            with shardcast.Client(daemons[n].address) as client:
+                for b in client.stream(ref.id, layer=12, batch_size=1000, seed=seed, epochs=1,
+                                       copy=True):
+                    out.append(ref.batch_rows(b, 12))
+                    if len(out) == 3:
+                        time.sleep(pauses[n])
+        except Exception as e:  # reported below
+            errors.append(e)
+        took[n] = max(took.get(n, 0), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=(n, 10 * n + t))
+               for n in range(len(daemons)) for t in range(TRAINERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for n in results:
+        for out in results[n]:
+            assert_exact_epoch([r for rows in out for r in rows], ref.selection(12))
+    return took
+
+
+def test_trainers_paused_on_every_node_hold_back_nobody(start_daemon, big_dataset):
+    """Every node's trainers pause for 6 s mid-epoch (a checkpoint at the
+    same step), longer than --sweep-peer-timeout (2 s): the passes between
+    the nodes wait for them instead of being dropped or given up, and every
+    epoch is exact."""
+    root, ref = big_dataset
+    daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
+    paused_trainers(daemons, ref, [6, 6])
+    for d in daemons:
+        log = Path(d.log).read_text()
+        assert "is read here from now on" not in log and "is dropped" not in log, log[-3000:]
+
+
+def test_trainers_paused_on_one_node_do_not_hold_back_the_others(start_daemon, big_dataset):
+    """Node 1's trainers pause for 12 s mid-epoch while node 0's stream on.
+    Node 0's scan waits for node 1's pass, so its trainers starve: after
+    --sweep-peer-timeout (2 s) node 0 drops that pass (or node 1 leaves its
+    paused trainers behind first) and goes on, so node 0's epoch ends long
+    before node 1's pause does. Node 1 asks for a new pass when its trainers
+    need the share again (it does not give node 0 up), and every epoch on
+    both nodes is exact."""
+    root, ref = big_dataset
+    daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
+    took = paused_trainers(daemons, ref, [0, 12])
+    assert took[0] < 9, took
+    log0, log1 = (Path(d.log).read_text() for d in daemons)
+    assert "is read here from now on" not in log1, log1[-3000:]
+    if "its pass is dropped" in log0:
+        assert "dropped its pass" in log1 and "a new one is asked for when needed" in log1, \
+            log1[-3000:]
