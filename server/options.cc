@@ -192,10 +192,12 @@ const std::vector<DaemonOption>& Table() {
        "every node's trainers get every vector",
        OptionKind::kNames, &O::sweep_peers},
       {"sweep-peer-timeout", "sweep_peer_timeout_seconds", "S",
-       "a sweep peer that sends nothing while this node waits for its "
-       "share, or takes nothing while this node's scan waits for it, for S "
-       "seconds (dead, frozen, cut off) is given up: its share is read here, "
-       "its pass dropped (logged)",
+       "a sweep peer that sends nothing for 2 x S while this node waits for "
+       "its share (dead, frozen, cut off) is given up: its share is read "
+       "here (logged). A pass to a peer that takes nothing for S while "
+       "others here wait for this node's scan is dropped; that peer asks for "
+       "a new one when its trainers need it (paused trainers everywhere "
+       "hold back nobody and are waited for)",
        OptionKind::kSeconds, &O::sweep_peer_timeout_seconds, 1, kNoMax},
       {"lag-blocks", "lag_blocks", "N",
        "blocks a stream may fall behind its shared scan before the scan goes "

@@ -132,8 +132,9 @@ struct DaemonOptions {
   /// node order; this daemon is the --node-rank-th and reads that share.
   /// Empty: no sweep.
   std::vector<std::string> sweep_peers;
-  /// A sweep peer that sends or takes nothing this long while waited for
-  /// is given up (PeerLinksOptions::timeout).
+  /// A sweep peer that sends nothing for twice this is given up; a pass
+  /// that takes nothing this long while others wait is dropped
+  /// (SweepOptions::timeout).
   double sweep_peer_timeout_seconds = 30;
 
   /// The engine's part of these settings.

@@ -35,10 +35,10 @@ struct SweepOptions {
   /// How this daemon authenticates to its peers (mutual TLS: its own
   /// certificate, the peers' CA).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  /// A peer that sends nothing this long while this node waits for its
-  /// share, or takes nothing while this node's scan waits for its pass
-  /// (dead, frozen, cut off), is given up: its share is read here, its pass
-  /// dropped.
+  /// A peer that sends nothing for twice this while this node waits for
+  /// its share (dead, frozen, cut off) is given up: its share is read here.
+  /// A pass that takes nothing this long while other subscribers of this
+  /// node's scan starve is dropped (ABORTED): the peer asks again later.
   std::chrono::nanoseconds timeout = std::chrono::seconds(30);
 };
 
