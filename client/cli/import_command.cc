@@ -1082,8 +1082,7 @@ int RunImport(const Args& args) {
   absl::StatusOr<WriteResult> result = importer.Run();
   if (!result.ok()) return Fail(kCmd, std::string(result.status().message()));
   const DatasetDesc& d = importer.desc();
-  const uint64_t bytes =
-      static_cast<uint64_t>(d.n_examples) * d.example_bytes();
+  const uint64_t bytes = d.data_bytes();
   if (args.Has("json")) {
     Json j = Json::object();
     j["path"] = result->path;

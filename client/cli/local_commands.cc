@@ -84,7 +84,7 @@ OrderedJson WriteResultJson(const WriteResult& r, const DatasetDesc& d) {
   j["reused"] = r.reused;
   j["n_examples"] = d.n_examples;
   j["shards"] = d.num_data_shards();
-  j["bytes"] = static_cast<uint64_t>(d.n_examples) * d.example_bytes();
+  j["bytes"] = d.data_bytes();
   return j;
 }
 
@@ -94,12 +94,11 @@ void PrintWriteResult(const char* command, const WriteResult& r,
     PrintJson(WriteResultJson(r, d));
     return;
   }
-  std::printf(
-      "%s %s (%lld examples in %lld shards, %.1f MiB)\n",
-      r.reused ? "reused identical existing dataset" : "wrote", r.path.c_str(),
-      static_cast<long long>(d.n_examples),
-      static_cast<long long>(d.num_data_shards()),
-      static_cast<double>(d.n_examples * d.example_bytes()) / (1 << 20));
+  std::printf("%s %s (%lld examples in %lld shards, %.1f MiB)\n",
+              r.reused ? "reused identical existing dataset" : "wrote",
+              r.path.c_str(), static_cast<long long>(d.n_examples),
+              static_cast<long long>(d.num_data_shards()),
+              static_cast<double>(d.data_bytes()) / (1 << 20));
   (void)command;
 }
 

@@ -82,6 +82,10 @@ struct DatasetDesc {
   }
   /// Bytes of one example's [L, T, D] block.
   uint64_t example_bytes() const { return num_layers() * layer_slice_bytes(); }
+  /// Bytes of all examples' float32 payload.
+  uint64_t data_bytes() const {
+    return static_cast<uint64_t>(n_examples) * example_bytes();
+  }
   /// Shard entries that hold at least one example.
   int64_t num_data_shards() const;
   /// Index of `layer` (a recorded layer value, matched literally) in

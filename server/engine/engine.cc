@@ -249,8 +249,8 @@ absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(
   LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
           "; computing its statistics for scale_norm/center now (a full "
           "read of ",
-          info.desc.n_examples * info.desc.example_bytes() >> 20,
-          " MiB; `shardcast stats ", info.dir, "` stores them)");
+          info.desc.data_bytes() >> 20, " MiB; `shardcast stats ", info.dir,
+          "` stores them)");
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<DatasetStats> computed = ComputeDatasetStats(reader);
   if (!computed.ok()) {

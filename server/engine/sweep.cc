@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,12 +10,6 @@
 #include "common/base/waiter.h"
 
 namespace shardcast {
-
-std::string BlockVectors(const Block& b) {
-  std::string out;
-  BlockVectors(b, &out);
-  return out;
-}
 
 void BlockVectors(const Block& b, std::string* out) {
   const size_t bytes = static_cast<size_t>(b.vectors) * b.vector_bytes;

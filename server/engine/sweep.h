@@ -70,10 +70,8 @@ class ShareFeed {
 };
 
 /// The vectors of block `b` in order (a mapped block's gathered from its
-/// pieces), as a peer is sent them.
-std::string BlockVectors(const Block& b);
-/// The same into `out`, whose buffer is reused (a sender's message: no
-/// allocation per block of the usual size).
+/// pieces), as a peer is sent them, into `out`, whose buffer is reused (a
+/// sender's message: no allocation per block of the usual size).
 void BlockVectors(const Block& b, std::string* out);
 
 /// A block as a peer sent it.

@@ -125,7 +125,8 @@ class SweepTest : public ::testing::Test {
           }
           if (t->kind == Take::kBlock) {
             ++sent;
-            PeerBlock b{t->block->id, BlockVectors(*t->block)};
+            PeerBlock b{t->block->id, {}};
+            BlockVectors(*t->block, &b.vectors);
             if (!first) first = b;
             return b;
           }

@@ -30,7 +30,7 @@ void FillDatasetInfo(const CatalogEntry& entry, v1::DatasetInfo* out) {
   out->set_n_examples(d.n_examples);
   out->set_examples_per_shard(d.examples_per_shard);
   out->set_num_shards(d.num_data_shards());
-  out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
+  out->set_bytes(d.data_bytes());
   out->set_has_labels(info.has_labels);
   out->set_hash_matches_dir(info.hash_matches_dir);
   out->set_has_example_info(info.has_samples);

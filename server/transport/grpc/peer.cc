@@ -27,11 +27,10 @@ v1::PeerHello SweepHello(const TransportContext& context, const Caller& caller,
         !CheckCaller(context, caller, entry->id).ok()) {
       continue;
     }
-    const DatasetDesc& d = entry->info->desc;
     v1::PeerDataset* out = hello.add_datasets();
     out->set_id(ValidUtf8(entry->id));  // proto strings are UTF-8
     out->set_hash(entry->info->hash);
-    out->set_bytes(static_cast<uint64_t>(d.n_examples) * d.example_bytes());
+    out->set_bytes(entry->info->desc.data_bytes());
   }
   return hello;
 }
@@ -65,7 +64,7 @@ grpc::Status PeerService::SharePass(
   o->spec.sweep_shares = request->shares();
   absl::StatusOr<std::unique_ptr<ShareFeed>> feed =
       context_.engine->OpenShareFeed(request->dataset(), o->spec,
-                                     request->seed(), ctx->peer());
+                                     request->seed(), from);
   if (!feed.ok()) return ToGrpcStatus(feed.status());
   const std::string& hash = (*feed)->content_hash();
   if (!request->hash().empty() && request->hash() != hash) {
