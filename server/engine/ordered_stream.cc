@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<OrderedStream>> OrderedStream::Create(
     }
     if (s->next_ < s->lo_ || s->next_ > s->hi_ || s->epoch_ < 0 ||
         s->epoch_ > limits::kMaxEpochs || s->batch_index_ < 0 ||
-        s->batch_index_ > s->hi_ - s->lo_) {
+        // Every batch took at least one position.
+        s->batch_index_ > s->next_ - s->lo_) {
       return absl::InvalidArgumentError(
           "resume_token points outside this stream");
     }

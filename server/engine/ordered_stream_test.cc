@@ -147,6 +147,31 @@ TEST_F(OrderedStreamTest, ResumeTokenOfAnotherRequestIsRejected) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// A token's batch index counts batches of at least one vector each: it
+// cannot pass the positions the token has moved on. One that did would open
+// a stream whose own next token it refuses (found by resume_token_fuzz).
+TEST_F(OrderedStreamTest, ATokensBatchIndexCannotPassItsPosition) {
+  StreamSpec spec;
+  spec.batch_size = 9;
+  auto s = Open(spec);
+  std::string token;
+  Drain(s.get(), 3, &token);                  // at position 27, batch 3
+  constexpr size_t kBatchAt = 4 + 8 + 8 + 8;  // magic, fingerprint, epoch, next
+  auto with_batch = [&](int64_t batch) {
+    std::string t = token;
+    std::memcpy(t.data() + kBatchAt, &batch, sizeof batch);  // little-endian
+    return t;
+  };
+  auto at_most = Open(spec, with_batch(27));
+  ASSERT_NE(at_most, nullptr);
+  std::string next;
+  Drain(at_most.get(), 1, &next);
+  EXPECT_NE(Open(spec, next), nullptr) << "the token it gave reopens";
+  EXPECT_EQ(
+      OrderedStream::Create(reader_, id_, spec, with_batch(28)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(OrderedStreamTest, DropLastDropsOnlyTheShortBatchOfEachEpoch) {
   StreamSpec spec;
   spec.layer = 6;

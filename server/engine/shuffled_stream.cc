@@ -149,6 +149,30 @@ absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
                      GetSet(token, bits, "partial-block bitmap"));
   }
   if (token.remaining() != 0) return MalformedToken("trailing bytes");
+  // Every batch delivered at least one vector of this stream, and a
+  // delivered vector is owed no more: the batch index cannot pass the
+  // stream's vectors the token no longer owes. (A stream that accepted a
+  // token beyond that would issue one it refuses.)
+  int64_t not_owed = 0;
+  for (int64_t b = spec_.node_rank; b < blocks; b += spec_.node_count) {
+    const int64_t mine =
+        layout_.vectors_of_rank(b, spec_.rank, spec_.world_size);
+    if (!set.Has(b)) {
+      not_owed += mine;
+      continue;
+    }
+    auto it = partial_.find(b);
+    if (it == partial_.end()) continue;
+    not_owed += mine;
+    for (int64_t local = layout_.first_of_rank(b, spec_.rank, spec_.world_size);
+         local < layout_.vectors(b); local += spec_.world_size) {
+      if (it->second.Has(local)) --not_owed;
+    }
+  }
+  if (batch_index > not_owed) {
+    return MalformedToken(absl::StrCat("batch ", batch_index, " is past the ",
+                                       not_owed, " vectors it has delivered"));
+  }
   epoch_ = epoch;
   batch_index_ = batch_index;
   *needed = std::move(set);

@@ -1117,9 +1117,29 @@ TEST_F(ShuffledStreamTest, BadResumeTokensAreInvalidArguments) {
   EXPECT_EQ(Create(other, 1, good).status().code(),
             absl::StatusCode::kInvalidArgument)
       << "a token of another partition";
+  // The batch index is past the vectors the token no longer owes: every
+  // batch has at least one (found by resume_token_fuzz: a stream opened
+  // from such a token issued one it refused).
+  {
+    constexpr size_t kBatchAt = 4 + 8 + 8;  // magic, fingerprint, epoch
+    auto with_batch = [&](int64_t batch) {
+      std::string t = good;
+      std::memcpy(t.data() + kBatchAt, &batch, sizeof batch);  // little-endian
+      return t;
+    };
+    s.reset();  // 3 batches of 10 delivered: 30 vectors owed no more
+    auto at_most = Open(spec, 1, with_batch(30));
+    ASSERT_NE(at_most, nullptr);
+    Drained one = Drain(at_most.get(), 10, 1, 0);
+    ASSERT_TRUE(one.status.ok()) << one.status;
+    at_most.reset();
+    EXPECT_TRUE(Create(spec, 1, one.token).ok()) << "the token it gave reopens";
+    EXPECT_EQ(Create(spec, 1, with_batch(31)).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "a batch index past the vectors delivered";
+  }
   EngineConfig c;
   c.block_bytes = 2 * kBlockBytes;
-  s.reset();
   StartEngine(c);
   auto geometry = Create(spec, 1, good);
   EXPECT_EQ(geometry.status().code(), absl::StatusCode::kInvalidArgument);
