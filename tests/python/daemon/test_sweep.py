@@ -37,20 +37,22 @@ from shardcast.v1 import shardcast_pb2_grpc as pb_grpc
 
 TRAINERS = 2
 # 256 KiB blocks: ~50 of them in the selection, so each node reads many.
-DAEMON = ("--reservoir-bytes", "64M", "--block-bytes", "256K", "--shuffle-window", "4",
+DAEMON = ("--block-bytes", "256K", "--shuffle-window", "4",
           "--lag-blocks", "16", "--query-threads", "2", "--scan-start-delay-ms", "1000")
 
 
-def start_sweep(start_daemon, root, nodes, security=None, ports=None, ranks=None, extra=()):
+def start_sweep(start_daemon, root, nodes, security=None, ports=None, ranks=None, extra=(),
+                reservoir="64M"):
     """Daemons of a sweep of `nodes` (those of `ranks`, default all), node n
     with the TCP flags security[n] (default --insecure-tcp), listening on
-    ports[n] (default free ones), each with the flags `extra` too."""
+    ports[n] (default free ones), each with a reservoir of `reservoir` and
+    the flags `extra` too."""
     ports = ports or free_ports(nodes)
     security = security or [("--insecure-tcp",)] * nodes
     peers = []
     for p in ports:
         peers += ["--sweep-peer", f"127.0.0.1:{p}"]
-    daemons = [start_daemon(*DAEMON, "--listen-tcp", f"127.0.0.1:{ports[n]}", *security[n],
+    daemons = [start_daemon(*DAEMON, "--reservoir-bytes", reservoir, "--listen-tcp", f"127.0.0.1:{ports[n]}", *security[n],
                             "--node-rank", n, *peers, *extra, roots=[root], small=False)
                for n in (range(nodes) if ranks is None else ranks)]
     for d in daemons:
@@ -69,9 +71,11 @@ def share_bytes(ref, nodes, layer=12):
     return share
 
 
-def link_bytes(daemon):
-    """({peer: bytes received}, {peer: bytes sent}) from the daemon's status."""
-    figures = {f.name: f for f in shardcast.Client(daemon.address).status().figures}
+def link_bytes(daemon, client=None):
+    """({peer: bytes received}, {peer: bytes sent}) from the daemon's status
+    (asked through `client`, default a new one)."""
+    client = client or shardcast.Client(daemon.address)
+    figures = {f.name: f for f in client.status().figures}
     return tuple({s.labels[0]: s.value for s in figures[name].samples}
                  for name in ("shardcast_peer_received_bytes_total",
                               "shardcast_peer_sent_bytes_total"))
@@ -526,12 +530,23 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
     0's pass, whose writes stop once TCP's buffers are full. Node 0 gives up
     both ways: after --sweep-peer-timeout (2 s) it drops the pass its scan
     was waiting for (its trainers starve), after twice that it reads share 1
-    itself. Node 0's trainers' epochs are exact and its log says both."""
+    itself. Node 0's trainers' epochs are exact and its log says both.
+
+    The freeze must come while most of both shares is still to go over the
+    links. Node 1's trainers start first and node 0's once node 1 takes
+    share 0; node 1 is frozen as soon as node 0 has some of share 1. (Frozen
+    after its own trainers' second batch, node 1 had sometimes sent its
+    whole share already: its trainers had started late.)"""
     root, ref = big_dataset
-    daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"))
-    frozen = threading.Event()
-    frozen_at = []
-    results, errors, threads = [], [], []
+    # A reservoir little more than what its streams reserve (2 trainers and
+    # the peer's pass, 20 blocks each) and the trainers' batch regions (4
+    # batches of 250 vectors each): neither node can run far ahead of the
+    # other's trainers into spare memory.
+    daemons = start_sweep(start_daemon, root, 2, extra=("--sweep-peer-timeout", "2"),
+                          reservoir="28M")
+    share = share_bytes(ref, 2)
+    peer1 = daemons[0].peers[1]
+    results, errors, trainers = [], [], {0: [], 1: []}
 
     def run(node, seed):
         out = []
@@ -539,45 +554,64 @@ def test_a_frozen_peer_is_given_up_both_ways(start_daemon, big_dataset):
             results.append(out)
         try:
             with shardcast.Client(daemons[node].address) as client:
-                for b in client.stream(ref.id, layer=12, batch_size=1000, seed=seed,
+                for b in client.stream(ref.id, layer=12, batch_size=250, seed=seed,
                                        epochs=1, copy=True):
                     out.append((b.epoch, ref.batch_rows(b, 12) if node == 0 else None))
-                    # Node 1 freezes once its trainers are ~30 of 397 blocks
-                    # in: most of node 0's pass to it (199 blocks, more than
-                    # TCP's buffers hold) is still to be sent.
-                    if node == 1 and len(out) == 2 and not frozen.is_set():
-                        frozen_at.append(time.monotonic())
-                        frozen.set()
-                        os.kill(daemons[1].proc.pid, signal.SIGSTOP)
         except Exception as e:
             if node == 0:  # node 1's trainers fail once it is killed
                 errors.append(e)
 
-    for node in (0, 1):
+    def start(node):
         for t in range(TRAINERS):
-            threads.append(threading.Thread(target=run, args=(node, 10 * node + t)))
-    for t in threads:
-        t.start()
+            trainers[node].append(threading.Thread(target=run, args=(node, 10 * node + t)))
+            trainers[node][-1].start()
+
+    def wait_for(what, link):
+        """Polls node 0's links until `link` (0: received, 1: sent) from/to
+        node 1 is above 0; what it has received and sent then."""
+        give_up = time.monotonic() + 60
+        while True:
+            links = link_bytes(daemons[0], poll)
+            if links[link].get(peer1, 0) > 0:
+                return links[0].get(peer1, 0), links[1].get(peer1, 0)
+            assert time.monotonic() < give_up, f"no {what} after 60 s"
+            time.sleep(0.002)
+
+    poll = shardcast.Client(daemons[0].address)
     try:
-        for t in threads[:TRAINERS]:
+        start(1)
+        wait_for("pass of share 0 to node 1", 1)
+        start(0)
+        received, sent = wait_for("share 1 from node 1", 0)
+        os.kill(daemons[1].proc.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        print(f"node 1 frozen: node 0 had received {received / share[1]:.2f} of share 1 "
+              f"and sent {sent / share[0]:.2f} of share 0")
+        for t in trainers[0]:
             t.join(timeout=120)
         done_at = time.monotonic()
     finally:
+        poll.close()
         daemons[1].proc.kill()  # a stopped process dies of SIGKILL too
         daemons[1].proc.wait()
         daemons[1].killed = True  # on purpose: its exit is not a failure
-    for t in threads[TRAINERS:]:
+    for t in trainers[0] + trainers[1]:
         t.join(timeout=30)
-    assert frozen.is_set()
+    # What the test means to show: node 0 still needed share 1 (more than
+    # node 1's socket buffers hold, which still arrive after the freeze),
+    # and had more of its own share to send than node 1's buffers take in.
+    # Loopback's TCP buffers hold at most ~10 MB, 0.2 of a share; seen at
+    # the freeze: up to 0.13 received and 0.19 sent (8 runs beside a busy core).
+    assert received < 0.7 * share[1] and sent < 0.7 * share[0], (received, sent, share)
     assert not errors, errors
     # The timeouts (2 and 4 s), then the rest of the epoch: not a stuck
     # write to the frozen node (gRPC's Write does not return on cancel).
-    assert done_at - frozen_at[0] < 15, f"node 0 finished {done_at - frozen_at[0]:.1f} s after"
+    assert done_at - frozen_at < 15, f"node 0 finished {done_at - frozen_at:.1f} s after"
+    assert len(results) == TRAINERS
     for out in results:
         assert_exact_epoch([r for epoch, rows in out for r in rows], ref.selection(12))
     log = Path(daemons[0].log).read_text()
-    peer = daemons[1].peers[1]
-    assert f"peer {peer} sent nothing for 4 s (--sweep-peer-timeout)" in log, log[-3000:]
+    assert f"peer {peer1} sent nothing for 4 s (--sweep-peer-timeout)" in log, log[-3000:]
     assert ("took nothing of share 0 of" in log and
             "for 2 s while others here wait (--sweep-peer-timeout): its pass is dropped"
             in log), log[-3000:]
