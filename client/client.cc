@@ -714,8 +714,10 @@ absl::StatusOr<Client::SweepCheck> Client::CheckSweep() {
   out.node = resp.node();
   out.datasets = resp.datasets();
   for (const v1::SweepPeerCheck& p : resp.peers()) {
-    out.peers.push_back(
-        {p.node(), p.address(), {p.problems().begin(), p.problems().end()}});
+    out.peers.push_back({p.node(),
+                         p.address(),
+                         {p.problems().begin(), p.problems().end()},
+                         p.unreachable()});
   }
   return out;
 }

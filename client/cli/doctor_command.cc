@@ -242,11 +242,9 @@ std::optional<Check> CheckSweep(const Subject& s, double wait_seconds,
       c.detail = absl::StrCat("Admin.CheckSweep: ", check.status().message());
       return c;
     }
-    const bool unreachable = std::any_of(
-        check->peers.begin(), check->peers.end(), [](const auto& p) {
-          return !p.problems.empty() &&
-                 absl::StartsWith(p.problems.front(), "unreachable");
-        });
+    const bool unreachable =
+        std::any_of(check->peers.begin(), check->peers.end(),
+                    [](const Client::SweepPeer& p) { return p.unreachable; });
     if (!unreachable || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }

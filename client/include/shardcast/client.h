@@ -389,6 +389,9 @@ class Client {
     /// Empty: it answered and agrees (node order, --block-bytes, the
     /// content hash of every dataset this caller may read).
     std::vector<std::string> problems;
+    /// It did not answer (not up yet, or cut off): asking again may mend
+    /// it, unlike a refusal or a disagreement.
+    bool unreachable = false;
   };
   struct SweepCheck {
     int64_t node = 0;      // the asked daemon's place in the sweep

@@ -205,6 +205,7 @@ v1::CheckSweepResponse PeerLinks::Check(const v1::PeerHello& mine) const {
                        absl::StrContains(m, "certificate");
       const bool down = !tls && (absl::IsUnavailable(errors[i]) ||
                                  absl::IsDeadlineExceeded(errors[i]));
+      c->set_unreachable(down);
       c->add_problems(absl::StrCat(down ? "unreachable: " : "refused: ",
                                    errors[i].ToString()));
       continue;
