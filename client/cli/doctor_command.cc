@@ -32,6 +32,7 @@
 #include "client/cli/commands.h"
 #include "common/base/cli_args.h"
 #include "common/base/file.h"
+#include "common/base/human_bytes.h"
 #include "common/base/proc_fields.h"
 #include "common/base/status.h"
 #include "common/format/dataset.h"
@@ -70,12 +71,6 @@ struct Subject {
   std::string sample_shard;  // the largest shard file of a sound dataset
   uint64_t sample_bytes = 0;
 };
-
-// "64 MiB", or "12.5 KiB" below a MiB.
-std::string Mib(uint64_t bytes) {
-  if (bytes < kMiB) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
-  return absl::StrCat(bytes / kMiB, " MiB");
-}
 
 // The filesystem type of `path`, by name for those datasets live on.
 std::string FsType(const std::string& path) {
@@ -481,9 +476,9 @@ Check CheckRead(const Subject& s, bool direct) {
           .count();
   const double mb_s = seconds > 0 ? done / 1e6 / seconds : 0;
   c.detail = absl::StrFormat(
-      "%s in %.2f s = %.0f MB/s (%s, 4 MiB reads) from %s", Mib(done).c_str(),
-      seconds, mb_s, direct ? "O_DIRECT" : "buffered, cache dropped",
-      s.sample_shard.c_str());
+      "%s in %.2f s = %.0f MB/s (%s, 4 MiB reads) from %s",
+      HumanBytes(done).c_str(), seconds, mb_s,
+      direct ? "O_DIRECT" : "buffered, cache dropped", s.sample_shard.c_str());
   if (done == 0) {
     c.verdict = Verdict::kWarn;
     c.detail = absl::StrCat(s.sample_shard, " is empty");
@@ -525,11 +520,11 @@ Check CheckMemory(const Subject& s) {
     c.detail = "cannot read /proc/meminfo";
     return c;
   }
-  c.detail =
-      absl::StrCat("reservoir ", Mib(reservoir), " needs up to ", Mib(needed),
-                   "; ", Mib(*available), " available of ", Mib(*total));
+  c.detail = absl::StrCat("reservoir ", HumanBytes(reservoir), " needs up to ",
+                          HumanBytes(needed), "; ", HumanBytes(*available),
+                          " available of ", HumanBytes(*total));
   if (std::optional<uint64_t> limit = CgroupLimit(); limit.has_value()) {
-    absl::StrAppend(&c.detail, ", cgroup limit ", Mib(*limit));
+    absl::StrAppend(&c.detail, ", cgroup limit ", HumanBytes(*limit));
     if (*limit < needed && !s.daemon.has_value()) {
       c.verdict = Verdict::kFail;
       absl::StrAppend(&c.detail,
@@ -540,10 +535,10 @@ Check CheckMemory(const Subject& s) {
   if (s.daemon.has_value()) {
     // Its reservoir is already allocated: only the machine's size matters.
     absl::StrAppend(&c.detail, "; the daemon holds ",
-                    Mib(s.daemon->memory_rss_bytes), " resident");
+                    HumanBytes(s.daemon->memory_rss_bytes), " resident");
     if (s.daemon->memory_rss_anon_bytes > 0) {  // 0 from an older daemon
-      absl::StrAppend(&c.detail, " (", Mib(s.daemon->memory_rss_anon_bytes),
-                      " its own)");
+      absl::StrAppend(&c.detail, " (",
+                      HumanBytes(s.daemon->memory_rss_anon_bytes), " its own)");
     }
     if (*total < needed) c.verdict = Verdict::kFail;
     return c;

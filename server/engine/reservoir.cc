@@ -10,24 +10,11 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/base/human_bytes.h"
 #include "common/base/log.h"
 
 namespace shardcast {
 namespace {
-
-// "512 KiB", "4 MiB", "1.5 GiB", or bytes below 1 KiB.
-std::string HumanBytes(uint64_t bytes) {
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
-  double v = static_cast<double>(bytes) / 1024;
-  int u = 0;
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  return absl::StrFormat("%.4g %s", v, units[u]);
-}
 
 // Faults in the pages of [begin, begin + n) for writing without changing
 // their bytes (MADV_POPULATE_WRITE, Linux 5.14, on the whole pages inside);

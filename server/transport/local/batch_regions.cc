@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/human_bytes.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/local/memfd.h"
@@ -32,11 +33,6 @@ struct ShmCounters {
 ShmCounters& Counters() {
   static ShmCounters* const counters = new ShmCounters;
   return *counters;
-}
-
-std::string HumanSize(uint64_t bytes) {
-  return bytes >= (1 << 20) ? absl::StrCat(bytes >> 20, " MiB")
-                            : absl::StrCat(bytes, " bytes");
 }
 
 }  // namespace
@@ -176,7 +172,7 @@ void BatchRegions::DropUnattached() {
     }
   }
   for (const auto& r : dropped) {
-    LogInfo("shared memory: dropped a region of ", HumanSize(r->bytes()),
+    LogInfo("shared memory: dropped a region of ", HumanBytes(r->bytes()),
             " of pid ", r->pid(), " (uid ", r->uid(),
             "): no stream used it "
             "within ",
@@ -212,10 +208,10 @@ absl::StatusOr<BatchRegions::Made> BatchRegions::Make(uint32_t slots,
   }
   slot_bytes = (slot_bytes + page - 1) / page * page;
   if (slot_bytes > options_.max_region_bytes / slots) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("a region of ", slots, " slots of ", HumanSize(slot_bytes),
-                     " exceeds the ", HumanSize(options_.max_region_bytes),
-                     " a region may have; use fewer slots or smaller batches"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a region of ", slots, " slots of ", HumanBytes(slot_bytes),
+        " exceeds the ", HumanBytes(options_.max_region_bytes),
+        " a region may have; use fewer slots or smaller batches"));
   }
   const uint64_t bytes = slot_bytes * slots;
   uint64_t held = 0;
@@ -223,8 +219,8 @@ absl::StatusOr<BatchRegions::Made> BatchRegions::Make(uint32_t slots,
   if (!held_->TryAdd(uid, bytes, options_.max_bytes_per_user, &held, &count)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "uid ", uid, " holds ", count, " shared-memory region(s) of ",
-        HumanSize(held), "; another of ", HumanSize(bytes), " would pass the ",
-        HumanSize(options_.max_bytes_per_user),
+        HumanBytes(held), "; another of ", HumanBytes(bytes),
+        " would pass the ", HumanBytes(options_.max_bytes_per_user),
         " one user may hold (--max-region-bytes-per-user)"));
   }
   Made made;
@@ -239,7 +235,7 @@ absl::StatusOr<BatchRegions::Made> BatchRegions::Make(uint32_t slots,
       region.lease_,
       engine_->LeaseMemory(
           bytes, absl::StrCat("shared-memory region of ", slots, " slots of ",
-                              HumanSize(slot_bytes))));
+                              HumanBytes(slot_bytes))));
   // Sealed: the client can neither shrink the region under the daemon's
   // writes (SIGBUS) nor change the seals.
   ASSIGN_OR_RETURN(made.memfd, SealedMemfd("shardcast-region", bytes,

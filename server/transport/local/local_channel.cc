@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/human_bytes.h"
 #include "common/base/log.h"
 #include "common/base/mutex.h"
 #include "common/base/status.h"
@@ -95,11 +96,6 @@ void SetError(LocalReply* reply, const absl::Status& status) {
   // message) would make the reply unparsable, replaced here.
   reply->set_message(ValidUtf8(status.message()));
   reply->clear_result();
-}
-
-std::string HumanSize(uint64_t bytes) {
-  return bytes >= (1 << 20) ? absl::StrCat(bytes >> 20, " MiB")
-                            : absl::StrCat(bytes, " bytes");
 }
 
 }  // namespace
@@ -478,7 +474,7 @@ void LocalChannel::Loop::OnBatchRegion(Conn& c, const LocalRequest& request) {
   const int memfd = made->memfd.get();
   Answer(c, reply, {&memfd, 1});
   LogDebug("local channel: batch region of ", region.slots(), " x ",
-           HumanSize(region.slot_bytes()), " for pid ", c.peer.pid, " (uid ",
+           HumanBytes(region.slot_bytes()), " for pid ", c.peer.pid, " (uid ",
            c.peer.uid, ")");
   // The first touch of fresh memory is slow (docs/benchmarks.md), and
   // batches should not pay it.
@@ -519,7 +515,7 @@ void LocalChannel::Loop::OnQueryRegion(Conn& c, const LocalRequest& request) {
   out->set_max_region_bytes(options_.max_query_region_bytes);
   const int fd = memfd->get();
   Answer(c, reply, {&fd, 1});
-  LogDebug("local channel: query region of ", HumanSize(bytes), " for pid ",
+  LogDebug("local channel: query region of ", HumanBytes(bytes), " for pid ",
            c.peer.pid, " (uid ", c.peer.uid, ")");
 }
 
