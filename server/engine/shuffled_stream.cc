@@ -153,20 +153,16 @@ absl::Status ShuffledStream::ParseToken(const std::string& resume_token,
   // delivered vector is owed no more: the batch index cannot pass the
   // stream's vectors the token no longer owes. (A stream that accepted a
   // token beyond that would issue one it refuses.)
+  const int64_t w = spec_.world_size;
   int64_t not_owed = 0;
   for (int64_t b = spec_.node_rank; b < blocks; b += spec_.node_count) {
-    const int64_t mine =
-        layout_.vectors_of_rank(b, spec_.rank, spec_.world_size);
-    if (!set.Has(b)) {
-      not_owed += mine;
-      continue;
-    }
-    auto it = partial_.find(b);
-    if (it == partial_.end()) continue;
-    not_owed += mine;
-    for (int64_t local = layout_.first_of_rank(b, spec_.rank, spec_.world_size);
-         local < layout_.vectors(b); local += spec_.world_size) {
-      if (it->second.Has(local)) --not_owed;
+    if (!set.Has(b)) not_owed += layout_.vectors_of_rank(b, spec_.rank, w);
+  }
+  for (const auto& [b, remaining] : partial_) {  // blocks of `set`
+    if (b % spec_.node_count != spec_.node_rank) continue;
+    for (int64_t local = layout_.first_of_rank(b, spec_.rank, w);
+         local < layout_.vectors(b); local += w) {
+      if (!remaining.Has(local)) ++not_owed;
     }
   }
   if (batch_index > not_owed) {
