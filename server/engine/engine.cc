@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/human_bytes.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "server/engine/ordered_stream.h"
@@ -249,7 +250,7 @@ absl::StatusOr<Engine::StatsEntry> Engine::LoadOrComputeStats(
   LogInfo("dataset ", info.dir_name, ": no ", kStatsFile,
           "; computing its statistics for scale_norm/center now (a full "
           "read of ",
-          info.desc.data_bytes() >> 20, " MiB; `shardcast stats ", info.dir,
+          HumanBytes(info.desc.data_bytes()), "; `shardcast stats ", info.dir,
           "` stores them)");
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<DatasetStats> computed = ComputeDatasetStats(reader);
